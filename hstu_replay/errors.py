@@ -1,0 +1,32 @@
+"""The exception tree. Every error the tool expects carries a one-line message and an exit code.
+
+`cli.main` is the single place that turns these into a line on stderr and a process exit status.
+"""
+
+
+class HstuReplayError(Exception):
+    """Base of every expected failure: the message is one line a user can act on."""
+
+    exit_code = 1
+
+
+class ConfigError(HstuReplayError):
+    """A bad option or option combination, found before any work starts."""
+
+    exit_code = 2
+
+
+class InputError(HstuReplayError):
+    """A data file (CSV, store, dump) that is malformed, truncated, hostile or missing."""
+
+
+class LimitError(HstuReplayError):
+    """A request outside the model's published limits; it is refused before it is sent."""
+
+
+class InterfaceMismatch(HstuReplayError):
+    """A served model whose inputs/outputs match none of the known HSTU interfaces."""
+
+
+class ServerError(HstuReplayError):
+    """The server could not be reached, started or used."""

@@ -1,0 +1,135 @@
+"""The HSTU ranking models' Triton interface: feature order, tensor signatures and limits.
+
+One source of truth for the request layout, the reference target, the client's model check and
+the dump files. Facts from NVIDIA's recsys-examples (examples/hstu/inference_aoti).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Feature keys of the jagged batch, in the order they appear in `lengths` and `values`.
+FEATURE_KEYS: tuple[str, ...] = (
+    "user_id",
+    "user_active_degree",
+    "follow_user_num_range",
+    "fans_user_num_range",
+    "friend_user_num_range",
+    "register_days_range",
+    "video_id",
+    "action_weights",
+)
+#: The five contextual user features (after user_id), re-coded 1..k.
+CONTEXT_KEYS: tuple[str, ...] = FEATURE_KEYS[1:6]
+NUM_CONTEXT_TOKENS = 6  # user_id + the five contextual features
+NUM_FEATURES = len(FEATURE_KEYS)
+NUM_TASKS = 8  # logits per candidate, one per action bit
+
+#: Action bitmask weights (bit i is task i of the logits).
+ACTION_BITS: tuple[tuple[str, int], ...] = (
+    ("is_click", 1),
+    ("is_like", 2),
+    ("is_follow", 4),
+    ("is_comment", 8),
+    ("is_forward", 16),
+    ("is_hate", 32),
+    ("long_view", 64),
+    ("is_profile_enter", 128),
+)
+
+
+def history_tokens(history_items: int) -> int:
+    """KV tokens a history of `history_items` items occupies: 6 contextual + item/action pairs."""
+    return NUM_CONTEXT_TOKENS + 2 * history_items
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # Triton dtype name: INT64, FP32
+    dims: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ModelInterface:
+    """A served model's signature and how our request fields map onto its inputs."""
+
+    name: str  # short name used in options: kvcache, nocache, python
+    model_name: str  # the published Triton model name
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    #: request field -> input tensor name, for the fields this model takes
+    field_to_input: dict[str, str]
+    logits_output: str
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.inputs)
+
+    @property
+    def uses_cache(self) -> bool:
+        return "user_ids" in self.field_to_input
+
+    def signature(self) -> str:
+        ins = ", ".join(f"{t.name}:{t.dtype}{list(t.dims)}" for t in self.inputs)
+        outs = ", ".join(f"{t.name}:{t.dtype}{list(t.dims)}" for t in self.outputs)
+        return f"inputs({ins}) outputs({outs})"
+
+
+def _int64(name: str) -> TensorSpec:
+    return TensorSpec(name, "INT64", (-1,))
+
+
+KVCACHE = ModelInterface(
+    name="kvcache",
+    model_name="hstu_gr_ranking_kvcache",
+    inputs=tuple(_int64(f"INPUT__{i}") for i in range(5)),
+    outputs=(TensorSpec("OUTPUT__0", "FP32", (-1, NUM_TASKS)), _int64("OUTPUT__1")),
+    field_to_input={
+        "values": "INPUT__0",
+        "lengths": "INPUT__1",
+        "num_candidates": "INPUT__2",
+        "user_ids": "INPUT__3",
+        "total_history_lengths": "INPUT__4",
+    },
+    logits_output="OUTPUT__0",
+)
+
+NOCACHE = ModelInterface(
+    name="nocache",
+    model_name="hstu_gr_ranking",
+    inputs=tuple(_int64(f"INPUT__{i}") for i in range(3)),
+    outputs=(TensorSpec("OUTPUT__0", "FP32", (-1, NUM_TASKS)),),
+    field_to_input={"values": "INPUT__0", "lengths": "INPUT__1", "num_candidates": "INPUT__2"},
+    logits_output="OUTPUT__0",
+)
+
+PYTHON_BACKEND = ModelInterface(
+    name="python",
+    model_name="hstu_model",
+    inputs=tuple(_int64(n) for n in ("USER_IDS", "TOKEN_LENGTHS", "TOKENS", "NUM_CANDIDATES")),
+    outputs=(TensorSpec("OUTPUT", "FP32", (-1, NUM_TASKS)),),
+    field_to_input={
+        "user_ids": "USER_IDS",
+        "lengths": "TOKEN_LENGTHS",
+        "values": "TOKENS",
+        "num_candidates": "NUM_CANDIDATES",
+    },
+    logits_output="OUTPUT",
+)
+
+#: Registry of known interfaces, by short name.
+INTERFACES: dict[str, ModelInterface] = {i.name: i for i in (KVCACHE, NOCACHE, PYTHON_BACKEND)}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Export-time limits of the published package; a request outside them is refused."""
+
+    max_batch: int = 8
+    max_values: int = 40_000
+    max_candidates: int = 100
+    max_history: int = 4096
+
+
+PUBLISHED_LIMITS = Limits()

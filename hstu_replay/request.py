@@ -1,0 +1,195 @@
+"""The jagged request layout of the HSTU ranking models, and its inverse.
+
+A batch of B users is feature-major: `lengths[f*B + b]` is the length of feature f for user b,
+and `values` concatenates feature by feature, user by user (see interface.FEATURE_KEYS).
+Building one is a handful of slices and a single `np.concatenate`: no Python loop over tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hstu_replay.errors import InputError, LimitError
+from hstu_replay.interface import (
+    NUM_CONTEXT_TOKENS,
+    NUM_FEATURES,
+    PUBLISHED_LIMITS,
+    Limits,
+    ModelInterface,
+    history_tokens,
+)
+
+_INT64 = np.dtype(np.int64)
+
+
+@dataclass(frozen=True)
+class UserRequest:
+    """One user's part of a request: a history slice to reuse or extend, then candidates."""
+
+    user_id: int
+    context: tuple[int, ...]  # the five re-coded contextual features, CONTEXT_KEYS order
+    history_items: np.ndarray  # int64 video ids, oldest first
+    history_actions: np.ndarray  # int64 action bitmasks, same length
+    candidates: np.ndarray  # int64 video ids to rank
+    cache_key: int | None = None  # INPUT__3; defaults to user_id
+
+    @property
+    def key(self) -> int:
+        return self.user_id if self.cache_key is None else self.cache_key
+
+    @property
+    def history_length(self) -> int:
+        return len(self.history_items)
+
+    @property
+    def total_history_length(self) -> int:
+        return history_tokens(len(self.history_items))
+
+
+@dataclass(frozen=True)
+class RequestTensors:
+    """The five int64 tensors of the KV-cache model; the other interfaces take a subset."""
+
+    values: np.ndarray
+    lengths: np.ndarray
+    num_candidates: np.ndarray
+    user_ids: np.ndarray
+    total_history_lengths: np.ndarray
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.num_candidates)
+
+    @property
+    def num_logits(self) -> int:
+        return int(self.num_candidates.sum())
+
+    def inputs(self, interface: ModelInterface) -> dict[str, np.ndarray]:
+        """The input tensors `interface` takes, by Triton input name."""
+        return {name: getattr(self, field) for field, name in interface.field_to_input.items()}
+
+    @classmethod
+    def from_inputs(cls, inputs: Mapping[str, np.ndarray], interface: ModelInterface) -> RequestTensors:
+        """Rebuild from a model's input tensors; fields the interface lacks are derived."""
+        missing = [n for n in interface.field_to_input.values() if n not in inputs]
+        if missing:
+            raise InputError(f"request lacks input(s) {missing} of model {interface.model_name}")
+        fields = {f: np.asarray(inputs[n]) for f, n in interface.field_to_input.items()}
+        for field, array in fields.items():
+            if array.dtype != _INT64 or array.ndim != 1:
+                raise InputError(f"{field} must be a 1-D int64 tensor, got {array.dtype} {list(array.shape)}")
+        users = _split(fields["values"], fields["lengths"], fields["num_candidates"])
+        if "user_ids" not in fields:
+            fields["user_ids"] = np.array([u.user_id for u in users], dtype=np.int64)
+        derived = np.array([u.total_history_length for u in users], dtype=np.int64)
+        if "total_history_lengths" in fields:
+            if not np.array_equal(fields["total_history_lengths"], derived):
+                raise InputError(
+                    f"total_history_lengths {fields['total_history_lengths'].tolist()} "
+                    f"disagree with the layout, which implies {derived.tolist()}"
+                )
+        else:
+            fields["total_history_lengths"] = derived
+        return cls(**fields)
+
+    def users(self) -> list[UserRequest]:
+        """The per-user records this request carries (zero-copy views of `values`)."""
+        users = _split(self.values, self.lengths, self.num_candidates)
+        return [
+            UserRequest(u.user_id, u.context, u.history_items, u.history_actions, u.candidates, int(k))
+            for u, k in zip(users, self.user_ids)
+        ]
+
+
+def check_limits(users: Sequence[UserRequest], limits: Limits = PUBLISHED_LIMITS) -> None:
+    """Refuse, with one clear line, a request the published model cannot take."""
+    batch = len(users)
+    if not 1 <= batch <= limits.max_batch:
+        raise LimitError(f"batch of {batch} users; the model takes 1..{limits.max_batch}")
+    seen: set[int] = set()
+    total = NUM_CONTEXT_TOKENS * batch
+    for u in users:
+        if u.key in seen:
+            raise LimitError(f"cache key {u.key} appears twice in one request; the server would corrupt it")
+        seen.add(u.key)
+        if len(u.history_actions) != len(u.history_items):
+            raise LimitError(
+                f"user {u.user_id}: {len(u.history_items)} history items but {len(u.history_actions)} actions"
+            )
+        if len(u.history_items) > limits.max_history:
+            raise LimitError(
+                f"user {u.user_id}: history of {len(u.history_items)} items exceeds {limits.max_history}"
+            )
+        if len(u.candidates) > limits.max_candidates:
+            raise LimitError(
+                f"user {u.user_id}: {len(u.candidates)} candidates exceed {limits.max_candidates}"
+            )
+        total += 2 * (len(u.history_items) + len(u.candidates))
+    if total > limits.max_values:
+        raise LimitError(f"request has {total} values; the model takes at most {limits.max_values}")
+
+
+def build_request(users: Sequence[UserRequest], limits: Limits = PUBLISHED_LIMITS) -> RequestTensors:
+    """Lay out `users` as one jagged batch, after checking `limits`."""
+    check_limits(users, limits)
+    batch = len(users)
+    head = np.empty(NUM_CONTEXT_TOKENS * batch, dtype=np.int64)
+    head[:batch] = [u.user_id for u in users]
+    head[batch:] = np.array([u.context for u in users], dtype=np.int64).T.ravel()
+    items: list[np.ndarray] = []
+    actions: list[np.ndarray] = []
+    seq_lengths = np.empty(batch, dtype=np.int64)
+    num_candidates = np.empty(batch, dtype=np.int64)
+    for b, u in enumerate(users):
+        items += (u.history_items, u.candidates)
+        actions += (u.history_actions, np.zeros(len(u.candidates), dtype=np.int64))
+        num_candidates[b] = len(u.candidates)
+        seq_lengths[b] = len(u.history_items) + len(u.candidates)
+    values = np.concatenate([head, *items, *actions], dtype=np.int64, casting="same_kind")
+    lengths = np.ones(NUM_FEATURES * batch, dtype=np.int64)
+    lengths[NUM_CONTEXT_TOKENS * batch :] = np.tile(seq_lengths, 2)
+    return RequestTensors(
+        values=values,
+        lengths=lengths,
+        num_candidates=num_candidates,
+        user_ids=np.array([u.key for u in users], dtype=np.int64),
+        total_history_lengths=NUM_CONTEXT_TOKENS + 2 * (seq_lengths - num_candidates),
+    )
+
+
+def _split(values: np.ndarray, lengths: np.ndarray, num_candidates: np.ndarray) -> list[UserRequest]:
+    """Inverse of the layout, with every structural check the server would rely on."""
+    batch = len(num_candidates)
+    if batch == 0 or len(lengths) != NUM_FEATURES * batch:
+        raise InputError(f"lengths has {len(lengths)} entries; expected {NUM_FEATURES} x {batch} users")
+    if np.any(lengths < 0) or np.any(num_candidates < 0):
+        raise InputError("negative length or candidate count")
+    if np.any(lengths[: NUM_CONTEXT_TOKENS * batch] != 1):
+        raise InputError("every contextual feature must have length 1 per user")
+    items_len = lengths[NUM_CONTEXT_TOKENS * batch : (NUM_CONTEXT_TOKENS + 1) * batch]
+    if not np.array_equal(items_len, lengths[(NUM_CONTEXT_TOKENS + 1) * batch :]):
+        raise InputError("video_id and action_weights lengths differ")
+    if int(lengths.sum()) != len(values):
+        raise InputError(f"lengths sum to {int(lengths.sum())} but values has {len(values)}")
+    if np.any(num_candidates > items_len):
+        raise InputError("a user has more candidates than items")
+    head = values[: NUM_CONTEXT_TOKENS * batch].reshape(NUM_CONTEXT_TOKENS, batch)
+    item_starts = NUM_CONTEXT_TOKENS * batch + np.concatenate([[0], np.cumsum(items_len)])
+    action_starts = item_starts + int(items_len.sum())
+    users = []
+    for b in range(batch):
+        hist = int(items_len[b] - num_candidates[b])
+        items = values[item_starts[b] : item_starts[b + 1]]
+        users.append(
+            UserRequest(
+                user_id=int(head[0, b]),
+                context=tuple(int(x) for x in head[1:, b]),
+                history_items=items[:hist],
+                history_actions=values[action_starts[b] : action_starts[b] + hist],
+                candidates=items[hist:],
+            )
+        )
+    return users
