@@ -1,0 +1,1 @@
+"""Triton client layer: protocol, interface detection, infer."""

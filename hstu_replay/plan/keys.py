@@ -1,0 +1,35 @@
+"""Cache keys (INPUT__3) that no two virtual users, workers or runs share.
+
+A key is [run nonce: 20 bits][owner: 20 bits][counter: 23 bits]: owner = worker index x 4096
++ virtual-user index, so keys stay disjoint across Locust workers, and a new run against the
+same server never meets a key an earlier run left cached.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from hstu_replay.errors import ConfigError
+
+_COUNTER_BITS = 23
+_OWNER_BITS = 20
+_NONCE_BITS = 20
+MAX_USERS_PER_WORKER = 4096
+
+
+class KeyAllocator:
+    def __init__(self, worker_index: int, user_index: int, nonce: int | None = None):
+        if not 0 <= user_index < MAX_USERS_PER_WORKER:
+            raise ConfigError(f"virtual user index {user_index}: at most {MAX_USERS_PER_WORKER} per worker")
+        owner = worker_index * MAX_USERS_PER_WORKER + user_index
+        if owner >= 1 << _OWNER_BITS:
+            raise ConfigError(f"worker index {worker_index} too large for the cache-key layout")
+        nonce = secrets.randbits(_NONCE_BITS) if nonce is None else nonce % (1 << _NONCE_BITS)
+        self._base = ((nonce << _OWNER_BITS) | owner) << _COUNTER_BITS
+        self._next = 0
+
+    def new_key(self) -> int:
+        if self._next >= 1 << _COUNTER_BITS:
+            raise ConfigError("this virtual user ran out of cache keys; shorten the run")
+        self._next += 1
+        return self._base + self._next

@@ -1,0 +1,1 @@
+"""Statistics that merge by addition, so one process and many workers give the same report."""

@@ -1,0 +1,89 @@
+"""A log-linear latency histogram (HdrHistogram-style) that merges by adding counts.
+
+Values are recorded in integer microseconds. Below 2048 us every value has its own bucket;
+above, each power of two is split into 1024 buckets, so any percentile is reported within
+0.1% of the true value. Counts are a sparse dict of ints: they serialize to JSON and add up
+across Locust workers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+SUB_BUCKET_BITS = 10
+_SUB = 1 << SUB_BUCKET_BITS  # 1024
+
+
+def bucket_of(value_us: int) -> int:
+    if value_us < 2 * _SUB:
+        return max(value_us, 0)
+    shift = value_us.bit_length() - SUB_BUCKET_BITS - 1
+    return shift * _SUB + (value_us >> shift)
+
+
+def bucket_bounds(index: int) -> tuple[int, int]:
+    """[low, high) of a bucket, in microseconds."""
+    if index < 2 * _SUB:
+        return index, index + 1
+    shift = index // _SUB - 1
+    low = (index - shift * _SUB) << shift
+    return low, low + (1 << shift)
+
+
+@dataclass
+class LatencyHistogram:
+    counts: dict[int, int] = field(default_factory=dict)
+    total: int = 0
+    sum_us: int = 0
+    max_us: int = 0
+
+    def record(self, seconds: float) -> None:
+        us = max(int(round(seconds * 1e6)), 0)
+        b = bucket_of(us)
+        self.counts[b] = self.counts.get(b, 0) + 1
+        self.total += 1
+        self.sum_us += us
+        self.max_us = max(self.max_us, us)
+
+    def merge(self, other: LatencyHistogram) -> None:
+        for b, c in other.counts.items():
+            self.counts[b] = self.counts.get(b, 0) + c
+        self.total += other.total
+        self.sum_us += other.sum_us
+        self.max_us = max(self.max_us, other.max_us)
+
+    @property
+    def mean_ms(self) -> float:
+        return self.sum_us / self.total / 1e3 if self.total else math.nan
+
+    def percentile_ms(self, q: float) -> float:
+        """The q-th percentile (0..100), as the midpoint of its bucket (capped at the max)."""
+        if not self.total:
+            return math.nan
+        rank = max(1, math.ceil(q / 100 * self.total))
+        seen = 0
+        for b in sorted(self.counts):
+            seen += self.counts[b]
+            if seen >= rank:
+                low, high = bucket_bounds(b)
+                mid = low if high - low == 1 else (low + high - 1) / 2
+                return min(mid, self.max_us) / 1e3
+        return self.max_us / 1e3
+
+    def to_dict(self) -> dict:
+        return {"counts": {str(b): c for b, c in self.counts.items()}, "total": self.total,
+                "sum_us": self.sum_us, "max_us": self.max_us}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> LatencyHistogram:
+        return cls({int(b): int(c) for b, c in data["counts"].items()}, int(data["total"]),
+                   int(data["sum_us"]), int(data["max_us"]))
+
+    @classmethod
+    def of(cls, seconds: Iterable[float]) -> LatencyHistogram:
+        h = cls()
+        for s in seconds:
+            h.record(s)
+        return h

@@ -1,0 +1,42 @@
+import pytest
+
+from hstu_replay.interface import history_tokens
+from hstu_replay.plan.keys import KeyAllocator
+from hstu_replay.plan.reuse import prime_items, warm_items
+
+
+def test_warm_append_reaches_the_target_ratio():
+    held = history_tokens(100)  # 206 tokens held
+    m = warm_items(0.5, held, 100, 4096)
+    assert m == 203  # T(203) = 412 = 2 x 206
+    assert held / history_tokens(m) == pytest.approx(0.5)
+
+
+def test_warm_full_hit_repeats_the_history():
+    assert warm_items(1.0, history_tokens(50), 50, 4096) == 50
+
+
+def test_warm_out_of_reach_returns_none():
+    assert warm_items(0.1, history_tokens(1000), 1000, 4096) is None  # would need 10x the history
+    assert warm_items(0.0, 100, 10, 4096) is None
+    assert warm_items(0.5, 0, 0, 4096) is None
+
+
+@pytest.mark.parametrize("target", [0.25, 0.5, 0.75, 0.9, 1.0])
+def test_prime_prefix_gives_the_target(target):
+    m = 1000
+    p = prime_items(target, m)
+    assert abs(history_tokens(p) / history_tokens(m) - target) <= 1 / history_tokens(m)
+
+
+def test_no_prime_when_cold_is_closer():
+    assert prime_items(0.0, 500) is None
+    assert prime_items(0.001, 500) is None  # 1 token wanted: closer to 0 than to 6
+    assert prime_items(1.0, 0) == 0  # contextual tokens only
+
+
+def test_keys_are_disjoint_across_users_and_workers():
+    a, b, c = KeyAllocator(0, 0, nonce=5), KeyAllocator(0, 1, nonce=5), KeyAllocator(1, 0, nonce=5)
+    keys = [k.new_key() for k in (a, b, c) for _ in range(100)]
+    assert len(set(keys)) == len(keys)
+    assert all(0 < k < 2**63 for k in keys)

@@ -1,0 +1,44 @@
+import math
+import random
+
+import numpy as np
+import pytest
+
+from hstu_replay.stats.histogram import LatencyHistogram, bucket_bounds, bucket_of
+
+
+def test_small_values_are_exact():
+    h = LatencyHistogram.of([0.001, 0.002, 0.003, 0.004])  # 1..4 ms
+    assert h.percentile_ms(50) == 2.0
+    assert h.percentile_ms(100) == 4.0
+    assert h.mean_ms == pytest.approx(2.5)
+
+
+def test_bucket_bounds_contain_their_values():
+    for v in [0, 1, 2047, 2048, 2049, 4095, 4096, 10**6, 123_456_789]:
+        low, high = bucket_bounds(bucket_of(v))
+        assert low <= v < high
+        assert high - low == 1 if v < 2048 else (high - low) / v <= 1 / 1024
+
+
+def test_percentiles_within_a_tenth_of_a_percent_of_numpy():
+    rng = random.Random(3)
+    values = [rng.lognormvariate(math.log(0.02), 1.0) for _ in range(20_000)]
+    h = LatencyHistogram.of(values)
+    for q in (50, 90, 99, 99.9):
+        exact = np.percentile(np.round(np.array(values) * 1e6), q, method="inverted_cdf") / 1e3
+        assert h.percentile_ms(q) == pytest.approx(exact, rel=1.1e-3)
+
+
+def test_merge_equals_recording_everything_in_one():
+    a, b = [0.001 * i for i in range(1, 50)], [0.0137 * i for i in range(1, 70)]
+    merged = LatencyHistogram.of(a)
+    merged.merge(LatencyHistogram.from_dict(LatencyHistogram.of(b).to_dict()))
+    whole = LatencyHistogram.of(a + b)
+    assert merged == whole
+    assert merged.percentile_ms(99) == whole.percentile_ms(99)
+
+
+def test_empty_histogram_reports_nan():
+    assert math.isnan(LatencyHistogram().percentile_ms(50))
+    assert math.isnan(LatencyHistogram().mean_ms)
