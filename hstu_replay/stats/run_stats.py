@@ -1,0 +1,144 @@
+"""Per-bin counters and latency histograms of a run; they merge by addition across workers.
+
+A bin is one (batch size, target hit ratio) stage of a sweep. Only measured requests land in
+bins; priming requests and warm-up are counted apart.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+from hstu_replay.stats.histogram import LatencyHistogram
+
+
+@dataclass(frozen=True, order=True)
+class BinKey:
+    batch_size: int
+    target_ratio: float
+
+    def name(self) -> str:
+        return f"b{self.batch_size}_h{self.target_ratio:.2f}"
+
+    @classmethod
+    def parse(cls, text: str) -> BinKey:
+        b, h = text.split("_")
+        return cls(int(b[1:]), float(h[1:]))
+
+
+@dataclass
+class BinStats:
+    latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    requests: int = 0  # measured requests that got a response
+    failures: int = 0  # measured requests that failed (error, timeout, mismatch)
+    logical_requests: int = 0  # users served (batch members)
+    history_tokens: int = 0
+    expected_hits: int = 0  # what the plan aimed at
+    predicted_hits: int = 0  # what the capacity model says the server held
+    observed_hits: int = 0  # what the server reported (where it reports)
+    observed_tokens: int = 0  # history tokens of requests with a server report
+    hit_disagreements: int = 0  # requests whose reported hits differ from the prediction
+    verified: int = 0
+    mismatches: int = 0
+    first_start: float = math.inf  # epoch seconds
+    last_end: float = 0.0
+
+    def merge(self, other: BinStats) -> None:
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if f.name == "latency":
+                mine.merge(theirs)
+            elif f.name == "first_start":
+                self.first_start = min(mine, theirs)
+            elif f.name == "last_end":
+                self.last_end = max(mine, theirs)
+            else:
+                setattr(self, f.name, mine + theirs)
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["latency"] = self.latency.to_dict()
+        d["first_start"] = None if math.isinf(self.first_start) else self.first_start
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> BinStats:
+        values = dict(d)
+        values["latency"] = LatencyHistogram.from_dict(d["latency"])
+        values["first_start"] = math.inf if d["first_start"] is None else d["first_start"]
+        return cls(**values)
+
+    # -- derived figures --------------------------------------------------------------
+
+    @property
+    def predicted_ratio(self) -> float:
+        return self.predicted_hits / self.history_tokens if self.history_tokens else math.nan
+
+    @property
+    def observed_ratio(self) -> float:
+        return self.observed_hits / self.observed_tokens if self.observed_tokens else math.nan
+
+    @property
+    def achieved_ratio(self) -> float:
+        """The server's word where it reported its hits, else the capacity model's."""
+        return self.observed_ratio if self.observed_tokens else self.predicted_ratio
+
+    @property
+    def duration_s(self) -> float:
+        return max(self.last_end - self.first_start, 0.0) if self.requests else 0.0
+
+    @property
+    def throughput(self) -> float:
+        return self.requests / self.duration_s if self.duration_s > 0 else math.nan
+
+
+@dataclass
+class RunStats:
+    bins: dict[BinKey, BinStats] = field(default_factory=dict)
+    prime_requests: int = 0
+    prime_failures: int = 0
+    warmup_requests: int = 0
+    errors: dict[str, int] = field(default_factory=dict)  # one-line reason -> count
+
+    def bin(self, key: BinKey) -> BinStats:
+        if key not in self.bins:
+            self.bins[key] = BinStats()
+        return self.bins[key]
+
+    def count_error(self, reason: str) -> None:
+        self.errors[reason] = self.errors.get(reason, 0) + 1
+
+    def merge(self, other: RunStats) -> None:
+        for key, stats in other.bins.items():
+            self.bin(key).merge(stats)
+        self.prime_requests += other.prime_requests
+        self.prime_failures += other.prime_failures
+        self.warmup_requests += other.warmup_requests
+        for reason, n in other.errors.items():
+            self.errors[reason] = self.errors.get(reason, 0) + n
+
+    def to_dict(self) -> dict:
+        return {
+            "bins": {k.name(): v.to_dict() for k, v in sorted(self.bins.items())},
+            "prime_requests": self.prime_requests,
+            "prime_failures": self.prime_failures,
+            "warmup_requests": self.warmup_requests,
+            "errors": dict(self.errors),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunStats:
+        return cls(
+            bins={BinKey.parse(k): BinStats.from_dict(v) for k, v in d["bins"].items()},
+            prime_requests=d["prime_requests"],
+            prime_failures=d["prime_failures"],
+            warmup_requests=d["warmup_requests"],
+            errors=dict(d["errors"]),
+        )
+
+    def take(self) -> RunStats:
+        """Return what was gathered since the last take and start afresh (for worker reports)."""
+        taken = RunStats(self.bins, self.prime_requests, self.prime_failures, self.warmup_requests, self.errors)
+        self.bins, self.errors = {}, {}
+        self.prime_requests = self.prime_failures = self.warmup_requests = 0
+        return taken
