@@ -1,0 +1,165 @@
+"""The report object (what report.json holds), built from a run's merged statistics.
+
+`build_report` is pure apart from the clock (pass `created` to pin it): every writer
+(JSON, CSV, plots, HTML) and the CI thresholds read this one object, never RunStats.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from datetime import datetime, timezone
+from typing import Any
+
+import hstu_replay
+from hstu_replay.stats.run_stats import BinKey, BinStats, RunStats
+
+NO_VALUE = "-"  # how tables show a null figure
+
+
+def jsonable(value: Any) -> Any:
+    """A copy fit for strict JSON: NaN and infinities become None, keys strings, tuples lists.
+
+    Anything else that JSON cannot hold (a Path, an enum) becomes its str().
+    """
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return [jsonable(v) for v in sorted(value, key=str)]
+    return str(value)
+
+
+def _ratio(part: int, whole: int) -> float:
+    return part / whole if whole else math.nan
+
+
+def _speedup(baseline_ms: float | None, mean_ms: float) -> float:
+    if baseline_ms is None or not math.isfinite(baseline_ms) or not mean_ms > 0:
+        return math.nan
+    return baseline_ms / mean_ms
+
+
+def _stage(key: BinKey, s: BinStats) -> dict:
+    return {
+        "name": key.name(),
+        "batch_size": key.batch_size,
+        "target_ratio": key.target_ratio,
+        "achieved_ratio": s.achieved_ratio,
+        "predicted_ratio": s.predicted_ratio,
+        "observed_ratio": s.observed_ratio,
+        "expected_ratio": _ratio(s.expected_hits, s.history_tokens),
+        "hit_disagreements": s.hit_disagreements,
+        "requests": s.requests,
+    }
+
+
+def _bin(key: BinKey, s: BinStats, baseline_ms: float | None, server: dict | None) -> dict:
+    h = s.latency
+    duration = s.duration_s
+    return {
+        "name": key.name(),
+        "batch_size": key.batch_size,
+        "target_ratio": key.target_ratio,
+        "achieved_ratio": s.achieved_ratio,
+        "requests": s.requests,
+        "logical_requests": s.logical_requests,
+        "failures": s.failures,
+        "error_ratio": _ratio(s.failures, s.requests + s.failures),
+        "throughput_rps": s.throughput,
+        "logical_throughput": s.logical_requests / duration if duration > 0 else math.nan,
+        "mean_ms": h.mean_ms,
+        "p50_ms": h.percentile_ms(50),
+        "p90_ms": h.percentile_ms(90),
+        "p99_ms": h.percentile_ms(99),
+        "p999_ms": h.percentile_ms(99.9),
+        "max_ms": h.max_us / 1e3 if h.total else math.nan,
+        "speedup": _speedup(baseline_ms, h.mean_ms),
+        "verified": s.verified,
+        "mismatches": s.mismatches,
+        "server": server,
+    }
+
+
+def build_report(
+    stats: RunStats,
+    run: dict,
+    server: dict[str, dict] | None = None,
+    tolerance: float = 0.0625,
+    *,
+    created: datetime | None = None,
+) -> dict:
+    """The report of a run; `server` maps bin names to the server's own figures for that bin.
+
+    A bin's speed-up is the mean latency of the 0.0-target bin of its batch size over its own
+    mean latency (null where that batch size has no 0.0 bin).
+    """
+    server = server or {}
+    items = sorted(stats.bins.items())
+    baselines = {k.batch_size: s.latency.mean_ms for k, s in items if k.target_ratio == 0.0}
+    when = (created or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    report = {
+        "tool": "hstu-replay",
+        "version": hstu_replay.__version__,
+        "created": when.isoformat(timespec="seconds"),
+        "run": run,
+        "stages": [_stage(k, s) for k, s in items],
+        "bins": [_bin(k, s, baselines.get(k.batch_size), server.get(k.name())) for k, s in items],
+        "verification": {
+            "verified": sum(s.verified for _, s in items),
+            "mismatches": sum(s.mismatches for _, s in items),
+            "tolerance": tolerance,
+        },
+        "primes": {"requests": stats.prime_requests, "failures": stats.prime_failures},
+        "warmup_requests": stats.warmup_requests,
+        "errors": dict(sorted(stats.errors.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "thresholds": None,
+    }
+    return jsonable(report)
+
+
+# -- the terminal table --------------------------------------------------------------------
+
+TABLE_HEADER = ["batch", "target", "achieved", "requests", "req/s", "mean ms", "p50 ms",
+                "p90 ms", "p99 ms", "p99.9 ms", "speed-up"]
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return NO_VALUE if value is None else f"{value:{spec}}{suffix}"
+
+
+def latency_table(report: dict) -> list[list[str]]:
+    """Header plus one row per bin: latency against hit ratio, as strings."""
+    rows = [list(TABLE_HEADER)]
+    for b in report["bins"]:
+        rows.append([
+            str(b["batch_size"]),
+            f"{b['target_ratio']:.2f}",
+            _fmt(b["achieved_ratio"], ".3f"),
+            str(b["requests"]),
+            _fmt(b["throughput_rps"], ".1f"),
+            *(_fmt(b[k], ".2f") for k in ("mean_ms", "p50_ms", "p90_ms", "p99_ms", "p999_ms")),
+            _fmt(b["speedup"], ".2f", "x"),
+        ])
+    return rows
+
+
+def format_table(rows: list[list[str]]) -> str:
+    """Right-aligned columns, two spaces apart, with a rule under the header row."""
+    if not rows:
+        return ""
+    widths = [max(len(row[i]) for row in rows if i < len(row)) for i in range(len(rows[0]))]
+
+    def line(row: list[str]) -> str:
+        return "  ".join(cell.rjust(w) for cell, w in zip(row, widths)).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(rows[0]), rule, *(line(r) for r in rows[1:])])

@@ -1,0 +1,186 @@
+"""CI thresholds: limits on a report whose violations make the run fail.
+
+A limit that names a hit ratio no bin has is itself a violation: a sweep that silently lost
+the stage a gate was written for must not pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from hstu_replay.errors import ConfigError
+
+_RATIO_TOL = 1e-9
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    max_mismatches: int | None = None
+    max_error_ratio: float | None = None
+    max_p99_ms: dict[float | None, float] = field(default_factory=dict)  # None: every bin
+    min_speedup: dict[float, float] = field(default_factory=dict)  # target ratio -> minimum
+
+    @property
+    def empty(self) -> bool:
+        return (self.max_mismatches is None and self.max_error_ratio is None
+                and not self.max_p99_ms and not self.min_speedup)
+
+
+# -- parsing ----------------------------------------------------------------------------------
+
+def _number(option: str, whole: str, text: str, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{option} {whole!r}: {what} {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"{option} {whole!r}: {what} {text!r} is not a finite number")
+    return value
+
+
+def _ratio_map(option: str, text: str | None, bare_means_all: bool) -> dict:
+    """Parse "RATIO:VALUE,..." (and, where allowed, a bare "VALUE" for every bin)."""
+    if text is None or not str(text).strip():
+        return {}
+    text = str(text)
+    out: dict[float | None, float] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            raise ConfigError(f"{option} {text!r}: empty entry")
+        if ":" in item:
+            ratio_text, value_text = (s.strip() for s in item.split(":", 1))
+            ratio: float | None = _number(option, text, ratio_text, "hit ratio")
+            if not 0.0 <= ratio <= 1.0:
+                raise ConfigError(f"{option} {text!r}: hit ratio {ratio_text!r} is outside 0..1")
+        elif bare_means_all:
+            ratio, value_text = None, item
+        else:
+            raise ConfigError(f"{option} {text!r}: {item!r} is not of the form RATIO:VALUE")
+        value = _number(option, text, value_text, "value")
+        if value <= 0:
+            raise ConfigError(f"{option} {text!r}: value {value_text!r} must be positive")
+        if ratio in out:
+            which = "the all-bins value" if ratio is None else f"hit ratio {ratio_text!r}"
+            raise ConfigError(f"{option} {text!r}: {which} given twice")
+        out[ratio] = value
+    return out
+
+
+def _max_mismatches(value: str | int | None) -> int | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"--max-mismatches {value!r}: expected a non-negative integer")
+    try:
+        n = int(value) if isinstance(value, int) else int(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"--max-mismatches {value!r}: expected a non-negative integer") from None
+    if n < 0:
+        raise ConfigError(f"--max-mismatches {value!r}: expected a non-negative integer")
+    return n
+
+
+def _max_error_ratio(value: str | float | None) -> float | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    text = str(value).strip()
+    ratio = _number("--max-error-ratio", text, text, "ratio")
+    if not 0.0 <= ratio <= 1.0:
+        raise ConfigError(f"--max-error-ratio {text!r}: expected a ratio in 0..1")
+    return ratio
+
+
+def parse_thresholds(
+    max_mismatches: str | int | None = None,
+    max_error_ratio: str | float | None = None,
+    max_p99_ms: str | None = None,
+    min_speedup: str | None = None,
+) -> Thresholds:
+    """From option text: `max_p99_ms` "250" or "0:300,1.0:120"; `min_speedup` "1.0:1.5"."""
+    return Thresholds(
+        max_mismatches=_max_mismatches(max_mismatches),
+        max_error_ratio=_max_error_ratio(max_error_ratio),
+        max_p99_ms=_ratio_map("--max-p99-ms", max_p99_ms, bare_means_all=True),
+        min_speedup=_ratio_map("--min-speedup", min_speedup, bare_means_all=False),
+    )
+
+
+# -- evaluation -------------------------------------------------------------------------------
+
+def _hr(ratio: float) -> str:
+    """A hit ratio for a message: two decimals unless that would hide digits."""
+    return f"{ratio:.2f}" if round(ratio, 2) == ratio else f"{ratio:g}"
+
+
+def _same(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=0.0, abs_tol=_RATIO_TOL)
+
+
+def _at(bins: list[dict], ratio: float) -> list[dict]:
+    return [b for b in bins if _same(b["target_ratio"], ratio)]
+
+
+def _error_ratio_violations(bins: list[dict], limit: float) -> list[str]:
+    failures = sum(b["failures"] for b in bins)
+    total = failures + sum(b["requests"] for b in bins)
+    if not total:
+        return ["no measured requests for --max-error-ratio"]
+    ratio = failures / total
+    if ratio <= limit:
+        return []
+    shown = f"{ratio:.3f}" if ratio >= 0.001 else f"{ratio:.2g}"
+    return [f"error ratio {shown} > {limit:g}"]
+
+
+def _p99_violations(bins: list[dict], limits: dict[float | None, float]) -> list[str]:
+    out = [f"no bin at hit ratio {_hr(r)} for --max-p99-ms"
+           for r in limits if r is not None and not _at(bins, r)]
+    for b in bins:
+        specific = [ms for r, ms in limits.items() if r is not None and _same(r, b["target_ratio"])]
+        limit = specific[0] if specific else limits.get(None)
+        if limit is None:
+            continue
+        p99 = b["p99_ms"]
+        if p99 is None:
+            out.append(f"no latencies in bin {b['name']} for --max-p99-ms")
+        elif p99 > limit:
+            out.append(f"p99 {p99:.1f} ms > {limit:g} ms in bin {b['name']}")
+    return out
+
+
+def _speedup_violations(bins: list[dict], minimums: dict[float, float]) -> list[str]:
+    out = []
+    for ratio, minimum in minimums.items():
+        matched = _at(bins, ratio)
+        if not matched:
+            out.append(f"no bin at hit ratio {_hr(ratio)} for --min-speedup")
+        for b in matched:
+            s, where = b["speedup"], f"at hit ratio {_hr(ratio)} (batch {b['batch_size']})"
+            if s is None:
+                out.append(f"speed-up unknown {where}: needs latencies here and in a 0.00 bin")
+            elif s < minimum:
+                out.append(f"speed-up {s:.2f}x < {minimum:g}x {where}")
+    return out
+
+
+def evaluate(report: dict, thresholds: Thresholds) -> list[str]:
+    """One line per violated threshold; an empty list means the run passes."""
+    bins = report["bins"]
+    out: list[str] = []
+    if thresholds.max_mismatches is not None:
+        n = report["verification"]["mismatches"]
+        if n > thresholds.max_mismatches:
+            out.append(f"{n} mismatches > {thresholds.max_mismatches} allowed")
+    if thresholds.max_error_ratio is not None:
+        out += _error_ratio_violations(bins, thresholds.max_error_ratio)
+    out += _p99_violations(bins, thresholds.max_p99_ms)
+    out += _speedup_violations(bins, thresholds.min_speedup)
+    return out
+
+
+def verdict(violations: Iterable[str]) -> dict:
+    """What goes into report["thresholds"]."""
+    violations = list(violations)
+    return {"passed": not violations, "violations": violations}

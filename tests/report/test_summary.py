@@ -1,0 +1,147 @@
+import json
+import math
+from datetime import datetime, timezone
+
+import pytest
+
+import hstu_replay
+from hstu_replay.report.summary import build_report, format_table, jsonable, latency_table
+from hstu_replay.stats.histogram import LatencyHistogram
+from hstu_replay.stats.run_stats import BinKey, BinStats, RunStats
+
+WHEN = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
+
+
+def _bin(ms, **counts) -> BinStats:
+    return BinStats(latency=LatencyHistogram.of(m / 1e3 for m in ms), requests=len(ms), **counts)
+
+
+def hand_stats() -> RunStats:
+    """Four bins with hand-worked figures (see the assertions)."""
+    stats = RunStats(prime_requests=7, prime_failures=1, warmup_requests=12,
+                     errors={"timeout": 2, "HTTP 500": 5})
+    # below 2.048 ms the histogram is exact
+    stats.bins[BinKey(1, 0.0)] = _bin([0.4, 0.8, 1.2, 1.6], failures=1, logical_requests=4,
+                                      history_tokens=1000, first_start=100.0, last_end=102.0)
+    stats.bins[BinKey(1, 1.0)] = _bin([0.2, 0.4, 0.6, 0.8], logical_requests=4,
+                                      history_tokens=1000, expected_hits=1000,
+                                      predicted_hits=1000, observed_hits=450,
+                                      observed_tokens=500, hit_disagreements=2, verified=4,
+                                      mismatches=1, first_start=100.0, last_end=104.0)
+    stats.bins[BinKey(8, 0.5)] = _bin([10, 20, 30, 40], logical_requests=32,
+                                      history_tokens=2000, expected_hits=1000,
+                                      predicted_hits=1100, verified=4,
+                                      first_start=50.0, last_end=58.0)
+    stats.bins[BinKey(8, 1.0)] = BinStats()  # planned but nothing measured
+    return stats
+
+
+def hand_report(**kw) -> dict:
+    run = {"model": "hstu-kuairand", "users": 16, "options": {"seed": 1}}
+    return build_report(hand_stats(), run, created=WHEN, **kw)
+
+
+def by_name(report):
+    return {b["name"]: b for b in report["bins"]}
+
+
+def test_header_and_totals():
+    r = hand_report()
+    assert r["tool"] == "hstu-replay" and r["version"] == hstu_replay.__version__
+    assert r["created"] == "2024-05-01T12:00:00+00:00"
+    assert r["run"]["options"] == {"seed": 1}
+    assert r["verification"] == {"verified": 8, "mismatches": 1, "tolerance": 0.0625}
+    assert r["primes"] == {"requests": 7, "failures": 1}
+    assert r["warmup_requests"] == 12
+    assert list(r["errors"].items()) == [("HTTP 500", 5), ("timeout", 2)]  # most frequent first
+    assert r["thresholds"] is None
+
+
+def test_created_defaults_to_now_in_utc():
+    created = datetime.fromisoformat(build_report(RunStats(), {})["created"])
+    assert created.utcoffset().total_seconds() == 0
+    assert abs((datetime.now(timezone.utc) - created).total_seconds()) < 60
+
+
+def test_bins_sorted_by_batch_then_ratio():
+    names = [b["name"] for b in hand_report()["bins"]]
+    assert names == ["b1_h0.00", "b1_h1.00", "b8_h0.50", "b8_h1.00"]
+    assert [s["name"] for s in hand_report()["stages"]] == names
+
+
+def test_exact_percentiles_and_speedup():
+    b = by_name(hand_report())
+    base, full = b["b1_h0.00"], b["b1_h1.00"]
+    assert base["mean_ms"] == pytest.approx(1.0)
+    assert (base["p50_ms"], base["p90_ms"], base["p99_ms"], base["max_ms"]) == (0.8, 1.6, 1.6, 1.6)
+    assert full["mean_ms"] == pytest.approx(0.5)
+    assert full["p50_ms"] == 0.4
+    assert full["speedup"] == pytest.approx(2.0)  # 1.0 ms / 0.5 ms
+    assert base["speedup"] == pytest.approx(1.0)
+
+
+def test_bucketed_percentiles_within_a_tenth_of_a_percent():
+    b = by_name(hand_report())["b8_h0.50"]
+    assert b["mean_ms"] == pytest.approx(25.0)
+    assert b["p50_ms"] == pytest.approx(20.0, rel=1e-3)
+    assert b["p99_ms"] == 40.0  # capped at the recorded maximum
+    assert b["speedup"] is None  # batch 8 has no 0.0 bin
+
+
+def test_ratios_rates_and_counts():
+    r = hand_report()
+    b = by_name(r)
+    assert b["b1_h0.00"]["error_ratio"] == pytest.approx(0.2)  # 1 failure / 5 sent
+    assert b["b1_h0.00"]["throughput_rps"] == pytest.approx(2.0)  # 4 requests in 2 s
+    assert b["b8_h0.50"]["throughput_rps"] == pytest.approx(0.5)  # 4 requests in 8 s
+    assert b["b8_h0.50"]["logical_throughput"] == pytest.approx(4.0)  # 32 users in 8 s
+    assert b["b8_h0.50"]["achieved_ratio"] == pytest.approx(0.55)  # predicted 1100 / 2000
+    assert b["b1_h1.00"]["achieved_ratio"] == pytest.approx(0.9)  # the server's word wins
+    stages = {s["name"]: s for s in r["stages"]}
+    s = stages["b1_h1.00"]
+    assert (s["predicted_ratio"], s["observed_ratio"], s["expected_ratio"]) == (1.0, 0.9, 1.0)
+    assert s["hit_disagreements"] == 2 and s["requests"] == 4
+    assert stages["b8_h0.50"]["observed_ratio"] is None
+    assert stages["b8_h0.50"]["expected_ratio"] == pytest.approx(0.5)
+
+
+def test_empty_bin_is_all_nulls_not_nan():
+    r = hand_report()
+    empty = by_name(r)["b8_h1.00"]
+    for key in ("achieved_ratio", "error_ratio", "throughput_rps", "logical_throughput",
+                "mean_ms", "p50_ms", "p999_ms", "max_ms", "speedup"):
+        assert empty[key] is None, key
+    text = json.dumps(r, allow_nan=False)  # raises on any NaN left behind
+    assert json.loads(text) == r
+
+
+def test_server_figures_attach_by_bin_name():
+    server = {"b8_h0.50": {"queue_ms": 1.5, "compute_ms": float("nan")}}
+    b = by_name(hand_report(server=server))
+    assert b["b8_h0.50"]["server"] == {"queue_ms": 1.5, "compute_ms": None}
+    assert b["b1_h0.00"]["server"] is None
+
+
+def test_jsonable():
+    from pathlib import Path
+
+    import numpy as np
+
+    assert jsonable({1: (math.inf, np.int64(3), np.float64(2.5), Path("/x"))}) == {
+        "1": [None, 3, 2.5, "/x"]}
+    assert jsonable(True) is True
+
+
+def test_latency_table_rows():
+    rows = latency_table(hand_report())
+    assert rows[0] == ["batch", "target", "achieved", "requests", "req/s", "mean ms", "p50 ms",
+                       "p90 ms", "p99 ms", "p99.9 ms", "speed-up"]
+    assert rows[2] == ["1", "1.00", "0.900", "4", "1.0", "0.50", "0.40", "0.80", "0.80", "0.80",
+                       "2.00x"]
+    assert rows[4][2:] == ["-", "0", "-", "-", "-", "-", "-", "-", "-"]
+
+
+def test_format_table_aligns_right():
+    text = format_table([["a", "bbb"], ["1000", "2"]])
+    assert text.splitlines() == ["   a  bbb", "----  ---", "1000    2"]
+    assert format_table([]) == ""
