@@ -18,6 +18,7 @@ from hstu_replay.errors import HstuReplayError
 COMMAND_GROUPS: dict[str, str] = {
     "data": "hstu_replay.data.cli",
     "dump": "hstu_replay.dumps.cli",
+    "target": "hstu_replay.target.cli",
 }
 
 

@@ -39,6 +39,14 @@ class ClientOptions:
 
 
 @dataclass(frozen=True)
+class ModelBinding:
+    """What connecting found: the model's interface, and whether it reports its cache hits."""
+
+    interface: ModelInterface
+    reports_hits: bool
+
+
+@dataclass(frozen=True)
 class InferResponse:
     logits: np.ndarray  # float32 [sum(num_candidates), 8]
     cached_tokens: np.ndarray | None  # int64 [B], when the server reports its hits
@@ -85,10 +93,9 @@ class TritonClient:
         except Exception as exc:  # tritonclient raises assorted types for bad urls
             raise ConfigError(f"--triton-url {options.url!r}: {exc}") from None
         self._module = module
-        self.interface: ModelInterface | None = None
-        self._wants_cached_tokens = False
+        self.binding: ModelBinding | None = None
 
-    def connect(self) -> ModelInterface:
+    def connect(self) -> ModelBinding:
         """Read the model's metadata and pick its interface (one line on failure)."""
         try:
             meta = self._client.get_model_metadata(self.options.model, headers=self._headers, **self._as_json())
@@ -96,19 +103,20 @@ class TritonClient:
             raise ServerError(f"cannot read model {self.options.model!r} at {self.options.url} "
                               f"({self.options.protocol}): {_one_line(exc)}") from None
         inputs, outputs = _specs_from_metadata(meta["inputs"]), _specs_from_metadata(meta["outputs"])
-        self.interface = match_interface(self.options.model, inputs, outputs)
-        self._wants_cached_tokens = any(t.name == CACHED_TOKENS_OUTPUT for t in outputs)
-        return self.interface
+        self.binding = ModelBinding(match_interface(self.options.model, inputs, outputs),
+                                    any(t.name == CACHED_TOKENS_OUTPUT for t in outputs))
+        return self.binding
 
     def infer(self, tensors: RequestTensors) -> InferResponse:
         """Send one request; raises ServerError with the server's message on failure."""
-        interface = self.interface or self.connect()
+        binding = self.binding or self.connect()
+        interface = binding.interface
         inputs = []
         for name, array in tensors.inputs(interface).items():
             item = self._module.InferInput(name, list(array.shape), "INT64")
             item.set_data_from_numpy(array)
             inputs.append(item)
-        names = [interface.logits_output] + ([CACHED_TOKENS_OUTPUT] if self._wants_cached_tokens else [])
+        names = [interface.logits_output] + ([CACHED_TOKENS_OUTPUT] if binding.reports_hits else [])
         outputs = [self._module.InferRequestedOutput(n) for n in names]
         try:
             if self.options.protocol == "grpc":
@@ -118,7 +126,7 @@ class TritonClient:
                 result = self._client.infer(self.options.model, inputs, outputs=outputs, headers=self._headers)
         except Exception as exc:
             raise ServerError(_one_line(exc)) from None
-        cached = result.as_numpy(CACHED_TOKENS_OUTPUT) if self._wants_cached_tokens else None
+        cached = result.as_numpy(CACHED_TOKENS_OUTPUT) if binding.reports_hits else None
         return InferResponse(result.as_numpy(interface.logits_output), cached)
 
     def server_statistics(self, model: str | None = None) -> dict:

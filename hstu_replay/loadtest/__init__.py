@@ -1,0 +1,1 @@
+"""Locust glue: options, the user, event listeners, web UI tab. Thin by design."""

@@ -1,0 +1,140 @@
+"""Every load-test option, declared once: its Locust argument, default, help and validation.
+
+Locust shows them in the web UI and reads them from the command line, `locust.conf` and
+`LOCUST_<NAME>` environment variables. `LoadTestConfig.from_options` reads them once into a
+frozen, validated config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from hstu_replay.client.triton import ClientOptions
+from hstu_replay.errors import ConfigError
+from hstu_replay.interface import Limits
+
+
+def _opt(flag: str, default, help_text: str, secret: bool = False):
+    return field(default=default, metadata={"flag": flag, "help": help_text, "secret": secret})
+
+
+@dataclass(frozen=True)
+class LoadTestConfig:
+    triton_url: str = _opt("--triton-url", "127.0.0.1:8001", "Triton host:port (gRPC 8001, HTTP 8000)")
+    triton_protocol: str = _opt("--triton-protocol", "grpc", "grpc or http")
+    triton_model: str = _opt("--triton-model", "hstu_gr_ranking_kvcache", "Model name; its interface is detected")
+    triton_ssl: bool = _opt("--triton-ssl", False, "Use TLS")
+    triton_root_cert: str = _opt("--triton-root-cert", "", "PEM root certificates for gRPC TLS")
+    triton_headers: str = _opt("--triton-headers", "", "Extra request headers, 'name=value,name=value'", secret=True)
+    triton_timeout: float = _opt("--triton-timeout", 30.0, "Seconds before a request counts as timed out")
+    workload: str = _opt("--workload", "sessions", "sessions (replay a prepared store) or dumps (NVIDIA dump dir)")
+    store: str = _opt("--store", "", "Prepared KuaiRand store (hstu-replay data prepare)")
+    dump_dir: str = _opt("--dump-dir", "", "NVIDIA-format dump directory (hstu-replay target dump)")
+    hit_ratios: str = _opt("--hit-ratios", "0,0.5,1.0", "Target KV-cache hit ratios, one stage each")
+    batch_sizes: str = _opt("--batch-sizes", "1", "Users per request (1..8), one sweep each")
+    stage_seconds: float = _opt("--stage-seconds", 10.0, "Measured seconds per stage")
+    warmup_seconds: float = _opt("--warmup-seconds", 2.0, "Seconds at the start of each stage left out")
+    candidates: int = _opt("--candidates", 16, "Candidates ranked per user (session replay)")
+    max_history: int = _opt("--max-history", 4096, "Longest history sent, in items")
+    max_values: int = _opt("--max-values", 40000, "Largest request (len(values)) the model takes")
+    cache_budget_tokens: int = _opt("--cache-budget-tokens", 0, "Server KV-cache capacity in tokens (0: unbounded)")
+    cache_page_tokens: int = _opt("--cache-page-tokens", 32, "Server KV-cache page size in tokens")
+    verify_fraction: float = _opt("--verify-fraction", 1.0, "Fraction of responses checked against references")
+    tolerance: float = _opt("--tolerance", 0.0625, "Max absolute logit difference accepted")
+    report_dir: str = _opt("--report-dir", "runs/latest", "Where records and reports are written")
+    max_mismatches: int = _opt("--max-mismatches", -1, "Fail the run above this many mismatches (-1: off)")
+    max_error_ratio: float = _opt("--max-error-ratio", -1.0, "Fail the run above this failure ratio (-1: off)")
+    max_p99_ms: str = _opt("--max-p99-ms", "", "Fail if p99 exceeds: '250' or 'ratio:ms,...'")
+    min_speedup: str = _opt("--min-speedup", "", "Fail if speed-up over 0% is below: 'ratio:x,...'")
+    seed: int = _opt("--replay-seed", 0, "Seed of the user order")
+
+    # -- derived ----------------------------------------------------------------------
+
+    @property
+    def ratios(self) -> tuple[float, ...]:
+        return _float_list(self.hit_ratios, "--hit-ratios")
+
+    @property
+    def batches(self) -> tuple[int, ...]:
+        return tuple(int(x) for x in _float_list(self.batch_sizes, "--batch-sizes"))
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(max_history=self.max_history, max_values=self.max_values)
+
+    def client_options(self) -> ClientOptions:
+        return ClientOptions(
+            url=self.triton_url, protocol=self.triton_protocol, model=self.triton_model, ssl=self.triton_ssl,
+            root_certificates=self.triton_root_cert or None, headers=_headers(self.triton_headers),
+            timeout_s=self.triton_timeout,
+        )
+
+    def validate(self) -> LoadTestConfig:
+        if any(not 0.0 <= r <= 1.0 for r in self.ratios):
+            raise ConfigError(f"--hit-ratios {self.hit_ratios!r}: every ratio must lie in 0..1")
+        if any(not 1 <= b <= 8 for b in self.batches) or any(b != int(b) for b in _float_list(self.batch_sizes, "--batch-sizes")):
+            raise ConfigError(f"--batch-sizes {self.batch_sizes!r}: whole numbers in 1..8")
+        if self.workload not in ("sessions", "dumps"):
+            raise ConfigError(f"--workload {self.workload!r}: use sessions or dumps")
+        if self.workload == "sessions" and not self.store:
+            raise ConfigError("--workload sessions needs --store (a prepared KuaiRand store)")
+        if self.workload == "dumps" and not self.dump_dir:
+            raise ConfigError("--workload dumps needs --dump-dir")
+        if self.stage_seconds <= 0 or self.warmup_seconds < 0:
+            raise ConfigError("--stage-seconds must be > 0 and --warmup-seconds >= 0")
+        if not 0.0 <= self.verify_fraction <= 1.0:
+            raise ConfigError(f"--verify-fraction {self.verify_fraction}: use 0..1")
+        if self.candidates < 1:
+            raise ConfigError(f"--candidates {self.candidates}: at least 1")
+        self.client_options()  # checks protocol and url
+        return self
+
+    @classmethod
+    def from_options(cls, parsed) -> LoadTestConfig:
+        values = {}
+        for f in fields(cls):
+            raw = getattr(parsed, f.name, f.default)
+            try:
+                values[f.name] = _coerce(raw, type(f.default))
+            except (TypeError, ValueError):
+                raise ConfigError(f"{f.metadata['flag']} {raw!r}: expected a {type(f.default).__name__}") from None
+        return cls(**values).validate()
+
+
+def register_arguments(parser) -> None:
+    """Add every option to Locust's parser (shown and editable in the web UI)."""
+    for f in fields(LoadTestConfig):
+        kwargs = {"default": f.default, "help": f.metadata["help"], "include_in_web_ui": True}
+        if isinstance(f.default, bool):
+            kwargs["action"] = "store_true"
+        else:
+            kwargs["type"] = type(f.default)
+        if f.metadata["secret"]:
+            kwargs["is_secret"] = True
+        parser.add_argument(f.metadata["flag"], dest=f.name, **kwargs)
+
+
+def _coerce(raw, kind):
+    if kind is bool:
+        return raw if isinstance(raw, bool) else str(raw).lower() in ("1", "true", "yes", "on")
+    return kind(raw)
+
+
+def _float_list(text: str, flag: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in str(text).split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: give comma-separated numbers") from None
+    if not values:
+        raise ConfigError(f"{flag} is empty")
+    return values
+
+
+def _headers(text: str) -> dict[str, str]:
+    headers = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"--triton-headers: {part!r} is not name=value")
+        headers[name.strip()] = value.strip()
+    return headers

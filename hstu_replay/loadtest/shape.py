@@ -1,0 +1,16 @@
+"""Run the sweep for exactly its duration with the user count given by -u/-r (or the UI)."""
+
+from __future__ import annotations
+
+from locust import LoadTestShape
+
+
+class SweepShape(LoadTestShape):
+    use_common_options = True  # the web UI keeps its user count and spawn rate fields
+
+    def tick(self):
+        runtime = getattr(self.runner.environment, "hstu", None)
+        if runtime is None or self.get_run_time() >= runtime.schedule.duration_s:
+            return None
+        options = self.runner.environment.parsed_options
+        return options.num_users or 1, options.spawn_rate or 1

@@ -1,0 +1,121 @@
+"""Session replay from a prepared KuaiRand store, with the hit ratio under control.
+
+Each batch slot walks through users' real histories. A warm key grows by exactly the number
+of events that puts the next request at the target hit ratio; when that is out of reach (the
+history would exceed the limit, or the key is new), the slot starts a fresh key, primes it
+with a prefix of the right length and then asks for the next natural visit (events up to the
+next gap of 60 s or more). Candidates are the events that follow the history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hstu_replay.errors import ConfigError
+from hstu_replay.interface import Limits, history_tokens
+from hstu_replay.plan.keys import KeyAllocator
+from hstu_replay.plan.reuse import prime_items, warm_items
+from hstu_replay.plan.step import PlannedStep
+from hstu_replay.request import UserRequest, build_request
+
+SESSION_GAP_MS = 60_000
+
+
+@dataclass
+class _Slot:
+    user: int = -1  # store index
+    key: int | None = None
+    sent: int = 0  # history items the key holds (as far as this slot knows)
+    cursor: int = 0  # position in the owned-users list
+
+
+class SessionSource:
+    def __init__(self, store, users: Sequence[int], keys: KeyAllocator, candidates: int, limits: Limits,
+                 batch_size: int = 1):
+        if not users:
+            raise ConfigError("no users to replay: the store is empty or every user went to other workers")
+        self.store, self.keys, self.limits = store, keys, limits
+        self.candidates = candidates
+        usable = [u for u in users if len(store.user(u).video_ids) > candidates]
+        if not usable:
+            raise ConfigError(f"no user has more than {candidates} events; lower --candidates")
+        self.users = usable
+        self._slots: list[_Slot] = []
+        self.batch_size = batch_size
+        self._boundaries: dict[int, np.ndarray] = {}
+
+    def next_step(self, target: float, batch_size: int | None = None) -> PlannedStep:
+        batch = batch_size or self.batch_size
+        while len(self._slots) < batch:
+            slot = _Slot(cursor=len(self._slots))
+            self._next_user(slot)
+            self._slots.append(slot)
+        primes, measured, hits, labels = [], [], [], []
+        for slot in self._slots[:batch]:
+            prime, request, hit = self._plan_slot(slot, target)
+            if prime is not None:
+                primes.append(prime)
+            measured.append(request)
+            hits.append(hit)
+            labels.append(f"user {request.user_id} key {request.key} items {request.history_length}")
+        return PlannedStep(
+            request=build_request(measured, self.limits),
+            expected_hits=tuple(hits),
+            prime=build_request(primes, self.limits) if primes else None,
+            label="; ".join(labels),
+            target_ratio=target,
+        )
+
+    # -- one slot -----------------------------------------------------------------------
+
+    def _available(self, user: int) -> int:
+        return min(len(self.store.user(user).video_ids) - self.candidates, self.limits.max_history)
+
+    def _next_user(self, slot: _Slot) -> None:
+        slot.user = self.users[slot.cursor % len(self.users)]
+        slot.cursor += max(1, self.batch_size)
+        slot.key, slot.sent = None, 0
+
+    def _next_visit_end(self, user: int, after: int) -> int:
+        """End of the first visit that adds at least one event after `after` items."""
+        bounds = self._boundaries.get(user)
+        if bounds is None:
+            times = np.asarray(self.store.user(user).times_ms)
+            bounds = np.flatnonzero(np.diff(times) >= SESSION_GAP_MS) + 1
+            self._boundaries[user] = bounds
+        i = np.searchsorted(bounds, after, side="right")
+        end = int(bounds[i]) if i < len(bounds) else len(self.store.user(user).video_ids)
+        return min(max(end, after + 1), self._available(user))
+
+    def _plan_slot(self, slot: _Slot, target: float) -> tuple[UserRequest | None, UserRequest, int]:
+        available = self._available(slot.user)
+        held = history_tokens(slot.sent) if slot.key is not None else 0
+        items = warm_items(target, held, slot.sent, available) if slot.key is not None else None
+        prime = None
+        if items is None:
+            if slot.sent >= available:
+                self._next_user(slot)
+                available = self._available(slot.user)
+            items = self._next_visit_end(slot.user, slot.sent)
+            slot.key = self.keys.new_key()
+            prefix = prime_items(target, items)
+            if prefix is not None:
+                prime = self._user_request(slot, prefix, 1)
+            held = history_tokens(prefix) if prefix is not None else 0
+        request = self._user_request(slot, items, self.candidates)
+        slot.sent = items
+        return prime, request, held
+
+    def _user_request(self, slot: _Slot, items: int, candidates: int) -> UserRequest:
+        history = self.store.user(slot.user)
+        return UserRequest(
+            user_id=history.user_id,
+            context=history.context,
+            history_items=np.asarray(history.video_ids[:items], dtype=np.int64),
+            history_actions=np.asarray(history.actions[:items], dtype=np.int64),
+            candidates=np.asarray(history.video_ids[items : items + candidates], dtype=np.int64),
+            cache_key=slot.key,
+        )

@@ -1,0 +1,29 @@
+"""The unit a workload source hands to the load generator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hstu_replay.request import RequestTensors
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    """An optional priming request (sent first, not measured), then the measured request."""
+
+    request: RequestTensors
+    expected_hits: tuple[int, ...]  # tokens each user should find cached, if nothing was evicted
+    prime: RequestTensors | None = None
+    reference: np.ndarray | None = None  # expected logits [sum(num_candidates), 8]
+    label: str = ""  # names the request in failures: dump batch or user/visit
+    target_ratio: float = 0.0
+
+    @property
+    def history_tokens(self) -> int:
+        return int(self.request.total_history_lengths.sum())
+
+    @property
+    def expected_ratio(self) -> float:
+        return sum(self.expected_hits) / self.history_tokens if self.history_tokens else 0.0

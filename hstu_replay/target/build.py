@@ -1,0 +1,52 @@
+"""From a config name to a compiled repository, and from a repository to serving engines."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from hstu_replay.errors import InputError
+from hstu_replay.interface import KVCACHE, NOCACHE
+from hstu_replay.target.aoti import export_nocache_package, export_package, load_package
+from hstu_replay.target.config import get_config
+from hstu_replay.target.engine import RankingEngine
+from hstu_replay.target.kvcache import KVCache
+from hstu_replay.target.model import build_model
+from hstu_replay.target.repository import RepositoryLayout, TargetMeta, read_meta, write_configs, write_meta
+from hstu_replay.target.serve import Engines
+
+
+def export_repository(root: str | Path, config_name: str, seed: int, device: str, force: bool = False) -> TargetMeta:
+    """Compile both packages unless the repository already holds them for this config and seed."""
+    layout = RepositoryLayout(Path(root))
+    if not force and layout.is_complete():
+        meta = read_meta(layout)
+        if (meta.config, meta.seed, meta.device) == (config_name, seed, device):
+            return meta
+    config = get_config(config_name)
+    print(f"hstu-replay: compiling the {config_name} model with AOTInductor into {root} "
+          f"(one time; about a minute on a CPU)...", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    model = build_model(config, seed).to(device)
+    export_package(model, config, layout.package(KVCACHE))
+    export_nocache_package(model, config, layout.package(NOCACHE))
+    write_configs(layout)
+    meta = TargetMeta(config_name, seed, device, round(time.perf_counter() - started, 1), torch.__version__)
+    write_meta(layout, meta)
+    print(f"hstu-replay: compiled in {meta.compile_seconds} s", file=sys.stderr, flush=True)
+    return meta
+
+
+def load_engines(root: str | Path, cache_budget_tokens: int | None, page_tokens: int, device: str) -> Engines:
+    layout = RepositoryLayout(Path(root))
+    if not layout.is_complete():
+        raise InputError(f"{root}: no compiled repository here; run `hstu-replay target export` first")
+    meta = read_meta(layout)
+    config = get_config(meta.config)
+    cache = KVCache(cache_budget_tokens if cache_budget_tokens else 1 << 62, page_tokens)
+    cached = RankingEngine(config, load_package(layout.package(KVCACHE)), cache, device)
+    uncached = RankingEngine(config, load_package(layout.package(KVCACHE)), None, device)
+    return Engines(cached=cached, uncached=uncached)

@@ -1,0 +1,92 @@
+"""`hstu-replay target export|serve|dump`: the reference target's commands (need the [target] extra)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hstu_replay.errors import ConfigError
+
+
+def add_commands(groups) -> None:
+    target = groups.add_parser("target", help="the reference HSTU target: export, serve, dump")
+    commands = target.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    export = commands.add_parser("export", help="compile the model with AOTInductor into a Triton repository")
+    _model_args(export)
+    export.set_defaults(func=_export)
+
+    serve = commands.add_parser("serve", help="serve the repository on a real tritonserver (127.0.0.1)")
+    _model_args(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--http-port", type=int, default=8000)
+    serve.add_argument("--grpc-port", type=int, default=8001)
+    serve.add_argument("--metrics-port", type=int, default=8002)
+    serve.add_argument("--cache-metrics-port", type=int, default=8003)
+    serve.add_argument("--cache-budget-tokens", type=int, default=3_276_800,
+                       help="KV-cache capacity in tokens (published: 102,400 pages of 32)")
+    serve.add_argument("--page-tokens", type=int, default=32)
+    serve.add_argument("--log-verbose", type=int, default=0)
+    serve.set_defaults(func=_serve)
+
+    dump = commands.add_parser("dump", help="write NVIDIA-format reference dumps drawn from a prepared store")
+    _model_args(dump)
+    dump.add_argument("--store", required=True, help="prepared KuaiRand store")
+    dump.add_argument("--out", required=True, help="dump directory to write")
+    dump.add_argument("--batches", type=int, default=16)
+    dump.add_argument("--batch-size", type=int, default=4)
+    dump.add_argument("--candidates", type=int, default=16)
+    dump.add_argument("--max-history", type=int, default=None, help="default: the model's maximum")
+    dump.add_argument("--dump-seed", type=int, default=0)
+    dump.set_defaults(func=_dump)
+
+
+def _model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--repository", default="runs/model_repository", help="Triton model repository")
+    parser.add_argument("--config", default="small", help="model config: small, kuairand-1k, kuairand-1k-8l")
+    parser.add_argument("--seed", type=int, default=0, help="weights seed")
+    parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
+
+
+def _device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is visible")
+    return name
+
+
+def _export(args) -> int:
+    from hstu_replay.target.build import export_repository
+
+    export_repository(args.repository, args.config, args.seed, _device(args.device), force=True)
+    return 0
+
+
+def _serve(args) -> int:
+    from hstu_replay.target.build import export_repository, load_engines
+    from hstu_replay.target.serve import ServeOptions, check_ports_free, serve
+
+    options = ServeOptions(args.host, args.http_port, args.grpc_port, args.metrics_port, args.cache_metrics_port,
+                           args.log_verbose)
+    check_ports_free(options)
+    device = _device(args.device)
+    export_repository(args.repository, args.config, args.seed, device)
+    engines = load_engines(args.repository, args.cache_budget_tokens, args.page_tokens, device)
+    serve(engines, options)
+    return 0
+
+
+def _dump(args) -> int:
+    from hstu_replay.target.build import export_repository, load_engines
+    from hstu_replay.target.dump import write_reference_dumps
+
+    device = _device(args.device)
+    export_repository(args.repository, args.config, args.seed, device)
+    engines = load_engines(args.repository, None, 32, device)
+    written = write_reference_dumps(engines.uncached, args.store, args.out, args.batches, args.batch_size,
+                                    args.candidates, args.max_history, args.dump_seed)
+    print(f"hstu-replay: wrote {written} batches to {args.out}", file=sys.stderr)
+    return 0

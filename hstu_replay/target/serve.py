@@ -1,0 +1,201 @@
+"""Serve the reference target on a real tritonserver (the one bundled with nvidia-pytriton).
+
+Models hosted, each with the published tensor names, dtypes and dims:
+- `hstu_gr_ranking_kvcache` (5 inputs) backed by the per-user KV cache; an extra output
+  `CACHED_TOKENS` (INT64 [B], tokens each user reused) is evidence of hits for any client;
+- `hstu_gr_ranking` (3 inputs), no cache;
+- `hstu_model` (the older Python-backend interface, 4 inputs), no cache;
+- `hstu_kvcache_control`: reads the cache counters, and empties the cache when CLEAR is 1.
+Prometheus counters of cached vs computed tokens are served on their own port (default 8003),
+beside Triton's own /metrics (8002).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import sysconfig
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+
+from hstu_replay.errors import ServerError
+from hstu_replay.interface import KVCACHE, NOCACHE, PYTHON_BACKEND, ModelInterface
+from hstu_replay.request import RequestTensors
+from hstu_replay.target.engine import RankingEngine
+
+CONTROL_MODEL = "hstu_kvcache_control"
+CONTROL_OUTPUTS = ("HIT_TOKENS", "COMPUTED_TOKENS", "EVICTED_USERS", "RESIDENT_TOKENS", "REQUESTS")
+#: Triton endpoints behind PyTriton's access token; statistics stay open for load-test clients.
+PROTECTED_ENDPOINTS = ["shared-memory", "model-repository", "trace", "logging"]
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    cache_metrics_port: int = 8003
+    log_verbose: int = 0
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return {
+            "http": self.http_port,
+            "grpc": self.grpc_port,
+            "metrics": self.metrics_port,
+            "cache metrics": self.cache_metrics_port,
+        }
+
+
+@dataclass(frozen=True)
+class Engines:
+    cached: RankingEngine
+    uncached: RankingEngine
+
+
+def check_ports_free(options: ServeOptions) -> None:
+    """Fail early, in one line, when a port is taken (tritonserver would only log it)."""
+    for name, port in options.ports.items():
+        with socket.socket(socket.AF_INET6 if ":" in options.host else socket.AF_INET) as sock:
+            try:
+                sock.bind((options.host, port))
+            except OSError as exc:
+                raise ServerError(
+                    f"{name} port {port} on {options.host} is taken ({exc.strerror}); choose another with --{name.replace(' ', '-')}-port"
+                ) from None
+
+
+def _logits_handler(engine: RankingEngine, interface: ModelInterface, with_cache_outputs: bool) -> Callable:
+    def infer(requests):
+        responses = []
+        for request in requests:
+            tensors = RequestTensors.from_inputs({k: request[k] for k in request}, interface)
+            result = engine.infer(tensors)
+            outputs = {interface.logits_output: result.logits}
+            if with_cache_outputs:
+                outputs["OUTPUT__1"] = np.full(tensors.batch_size, -1, dtype=np.int64)
+                outputs["CACHED_TOKENS"] = result.cached_tokens.astype(np.int64)
+            responses.append(outputs)
+        return responses
+
+    return infer
+
+
+def _control_handler(engine: RankingEngine) -> Callable:
+    def infer(requests):
+        responses = []
+        for request in requests:
+            if int(np.asarray(request["CLEAR"]).ravel()[0]) == 1:
+                engine.clear_cache()
+            stats = engine.cache.stats()
+            responses.append({name: np.array([stats[name.lower()]], dtype=np.int64) for name in CONTROL_OUTPUTS})
+        return responses
+
+    return infer
+
+
+class _CacheMetrics(BaseHTTPRequestHandler):
+    engine: RankingEngine  # set on the subclass made by `start_cache_metrics`
+
+    def do_GET(self):  # noqa: N802 - http.server's naming
+        if self.path.rstrip("/") != "/metrics":
+            self.send_error(404)
+            return
+        stats = self.engine.cache.stats()
+        lines = []
+        for key, help_text in (
+            ("hit_tokens", "History tokens reused from the KV cache"),
+            ("computed_tokens", "History tokens computed (not found in the KV cache)"),
+            ("evicted_users", "Users evicted from the KV cache"),
+            ("requests", "Requests served by the KV-cache model"),
+        ):
+            lines += [f"# HELP hstu_kvcache_{key}_total {help_text}", f"# TYPE hstu_kvcache_{key}_total counter",
+                      f"hstu_kvcache_{key}_total {stats[key]}"]
+        lines += ["# HELP hstu_kvcache_resident_tokens Tokens held in the KV cache",
+                  "# TYPE hstu_kvcache_resident_tokens gauge", f"hstu_kvcache_resident_tokens {stats['resident_tokens']}"]
+        body = ("\n".join(lines) + "\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):  # keep the server's stdout for Triton
+        pass
+
+
+def start_cache_metrics(engine: RankingEngine, options: ServeOptions) -> ThreadingHTTPServer:
+    handler = type("CacheMetrics", (_CacheMetrics,), {"engine": engine})
+    server = ThreadingHTTPServer((options.host, options.cache_metrics_port), handler)
+    threading.Thread(target=server.serve_forever, name="cache-metrics", daemon=True).start()
+    return server
+
+
+def _python_backend_env() -> None:
+    """The backend stub links the system libpython; put the running interpreter's first."""
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    current = os.environ.get("LD_LIBRARY_PATH", "")
+    if libdir and not current.startswith(libdir):
+        os.environ["LD_LIBRARY_PATH"] = f"{libdir}:{current}" if current else libdir
+
+
+def serve(engines: Engines, options: ServeOptions, stop: threading.Event | None = None) -> None:
+    """Run until SIGINT/SIGTERM (or `stop` is set); returns after a clean shutdown."""
+    check_ports_free(options)
+    _python_backend_env()
+    from pytriton.model_config import ModelConfig, Tensor
+    from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
+
+    stop = stop or threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+
+    def tensors(specs) -> list:
+        dtypes = {"INT64": np.int64, "FP32": np.float32}
+        return [Tensor(name=t.name, dtype=dtypes[t.dtype], shape=t.dims) for t in specs]
+
+    extra = [Tensor(name="CACHED_TOKENS", dtype=np.int64, shape=(-1,))]
+    unbatched = ModelConfig(batching=False)
+    config = TritonConfig(
+        http_address=options.host, http_port=options.http_port,
+        grpc_address=options.host, grpc_port=options.grpc_port,
+        metrics_address=options.host, metrics_port=options.metrics_port,
+        log_verbose=options.log_verbose, exit_on_error=True,
+    )
+    security = TritonSecurityConfig(restricted_endpoints=PROTECTED_ENDPOINTS)
+    started = time.monotonic()
+    metrics = start_cache_metrics(engines.cached, options)
+    try:
+        with Triton(config=config, security_config=security) as triton:
+            triton.bind(KVCACHE.model_name, _logits_handler(engines.cached, KVCACHE, True),
+                        inputs=tensors(KVCACHE.inputs), outputs=tensors(KVCACHE.outputs) + extra, config=unbatched)
+            for interface in (NOCACHE, PYTHON_BACKEND):
+                triton.bind(interface.model_name, _logits_handler(engines.uncached, interface, False),
+                            inputs=tensors(interface.inputs), outputs=tensors(interface.outputs), config=unbatched)
+            triton.bind(CONTROL_MODEL, _control_handler(engines.cached),
+                        inputs=[Tensor(name="CLEAR", dtype=np.int64, shape=(1,))],
+                        outputs=[Tensor(name=n, dtype=np.int64, shape=(1,)) for n in CONTROL_OUTPUTS],
+                        config=unbatched)
+            triton.run()
+            print(
+                f"hstu-replay: serving on {options.host}: grpc {options.grpc_port}, http {options.http_port}, "
+                f"metrics {options.metrics_port}, cache metrics {options.cache_metrics_port} "
+                f"(ready in {time.monotonic() - started:.1f} s)",
+                flush=True,
+            )
+            while not stop.wait(0.5):
+                if not triton.is_alive():
+                    raise ServerError("tritonserver exited unexpectedly; see its log above")
+    except OSError as exc:
+        raise ServerError(f"tritonserver failed to start: {exc}") from None
+    finally:
+        metrics.shutdown()
+        print("hstu-replay: server stopped", file=sys.stderr, flush=True)

@@ -1,0 +1,12 @@
+"""hstu-replay's Locust entry: `locust -f locustfiles/hstu.py` (web UI) or add `--headless`.
+
+Options: `locust -f locustfiles/hstu.py --help` (group "hstu-replay"); see README.md.
+"""
+
+from grpc.experimental import gevent as grpc_gevent
+
+grpc_gevent.init_gevent()  # before any gRPC channel exists: otherwise gRPC blocks gevent's loop
+
+from hstu_replay.loadtest import hooks  # noqa: E402,F401 - registers the options and listeners
+from hstu_replay.loadtest.shape import SweepShape  # noqa: E402,F401
+from hstu_replay.loadtest.user import HstuUser  # noqa: E402,F401
