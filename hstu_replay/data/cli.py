@@ -1,0 +1,116 @@
+"""`hstu-replay data ...`: synth, prepare, inspect and verify.
+
+Handlers import pyarrow-backed modules lazily, so building the parser stays cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from hstu_replay.errors import ConfigError
+
+
+def add_commands(groups) -> None:
+    data = groups.add_parser("data", help="KuaiRand-1K raw logs -> compact sequence store")
+    actions = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+
+    synth = actions.add_parser("synth", help="write synthetic raw files of the KuaiRand-1K schema")
+    synth.add_argument("--out", required=True, metavar="RAW_DIR", help="folder for the 4 CSVs")
+    synth.add_argument("--users", type=int, help="number of users")
+    synth.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    synth.add_argument(
+        "--scale",
+        type=float,
+        help="events per user relative to the real ~11.7k (default 1.0)",
+    )
+    synth.add_argument(
+        "--full",
+        action="store_true",
+        help="the real size: 1,000 users, ~11.7M standard events, ~4.4M videos (~0.9 GB)",
+    )
+    synth.set_defaults(func=_synth)
+
+    prepare = actions.add_parser("prepare", help="build the sequence store from raw files")
+    prepare.add_argument("raw_dir", metavar="RAW_DIR", help="folder holding the KuaiRand-1K CSVs")
+    prepare.add_argument("--out", required=True, metavar="STORE", help="store directory")
+    prepare.add_argument(
+        "--include-random",
+        action="store_true",
+        help="also append the random-exposure log's events (NVIDIA's pipeline does not)",
+    )
+    prepare.set_defaults(func=_prepare)
+
+    inspect = actions.add_parser("inspect", help="summarize a store")
+    inspect.add_argument("store", metavar="STORE")
+    inspect.add_argument(
+        "--json", action="store_true", help="one JSON object with per-user digests"
+    )
+    inspect.set_defaults(func=_inspect)
+
+    verify = actions.add_parser("verify", help="recompute a store's checksum")
+    verify.add_argument("store", metavar="STORE")
+    verify.set_defaults(func=_verify)
+
+
+def _synth(args: argparse.Namespace) -> int:
+    from hstu_replay.data.synth import FULL_USERS, synthesize
+
+    if args.full:
+        if args.users is not None or args.scale is not None:
+            raise ConfigError("--full fixes --users 1000 and --scale 1.0; give one or the other")
+        users, scale = FULL_USERS, 1.0
+    else:
+        if args.users is None:
+            raise ConfigError("give --users N (or --full)")
+        users, scale = args.users, 1.0 if args.scale is None else args.scale
+    if users < 1:
+        raise ConfigError(f"--users must be >= 1, got {users}")
+    if not scale > 0:
+        raise ConfigError(f"--scale must be > 0, got {scale}")
+    if args.seed < 0:
+        raise ConfigError(f"--seed must be >= 0, got {args.seed}")
+    start = time.perf_counter()
+    report = synthesize(args.out, users, args.seed, scale)
+    print(f"{report.line()} in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from hstu_replay.data.prepare import prepare
+
+    start = time.perf_counter()
+    meta = prepare(args.raw_dir, args.out, include_random=args.include_random)
+    print(
+        f"prepared {args.out}: {meta.users:,} users, {meta.events:,} events "
+        f"(dropped {meta.dropped.one_period_only} users in one period only, "
+        f"{meta.dropped.no_user_features} without user features) "
+        f"in {time.perf_counter() - start:.1f} s"
+    )
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from hstu_replay.data.store import SequenceStore
+    from hstu_replay.data.summary import format_summary, per_user_digest, summarize
+
+    store = SequenceStore.open(args.store)
+    if args.json:
+        json.dump(per_user_digest(store), sys.stdout, separators=(",", ":"))
+        sys.stdout.write("\n")
+    else:
+        print(format_summary(summarize(store)))
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from hstu_replay.data.store import SequenceStore
+
+    store = SequenceStore.open(args.store)
+    start = time.perf_counter()
+    store.verify()
+    print(f"{args.store}: checksum ok ({store.num_events:,} events, "
+          f"{time.perf_counter() - start:.1f} s)")
+    return 0
