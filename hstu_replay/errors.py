@@ -27,6 +27,10 @@ class LimitError(HstuReplayError):
 class InterfaceMismatch(HstuReplayError):
     """A served model whose inputs/outputs match none of the known HSTU interfaces."""
 
+    exit_code = 2
+
 
 class ServerError(HstuReplayError):
     """The server could not be reached, started or used."""
+
+    exit_code = 2

@@ -34,6 +34,7 @@ class Outcome:
     cached_tokens: np.ndarray | None = None
     error: str = ""
     verdict: Verdict | None = None
+    mismatch: str = ""  # one line naming request, user and difference, when the verdict fails
 
 
 @dataclass
@@ -155,7 +156,9 @@ class LoadTestRuntime:
             b.hit_disagreements += observed != sum(predicted)
         if outcome.verdict is not None:
             b.verified += 1
-            b.mismatches += not outcome.verdict.ok
+            if not outcome.verdict.ok:
+                b.mismatches += 1
+                self.stats.count_error(outcome.mismatch)
 
     def close(self) -> None:
         if self.records:

@@ -87,8 +87,9 @@ class HstuUser(User):
                 if not outcome.verdict.ok:
                     v = outcome.verdict
                     user = int(request.users()[v.worst_user].user_id) if v.worst_user >= 0 else -1
-                    exception = MismatchError(f"{step.label}: user {user} max |diff| {v.max_abs_diff:.4g} "
-                                              f"> {runtime.config.tolerance} {v.reason}".rstrip())
+                    outcome.mismatch = (f"mismatch in {step.label}: user {user} max |diff| {v.max_abs_diff:.4g} "
+                                        f"> {runtime.config.tolerance} {v.reason}").rstrip()
+                    exception = MismatchError(outcome.mismatch)
         runtime.account(kind if kind != "prime" else "prime", step if kind != "prime" else _as_step(step, request),
                         position, predicted, outcome, self.index)
         key = position.stage.key

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, fields
 
 from hstu_replay.stats.histogram import LatencyHistogram
 
+MAX_ERROR_REASONS = 100  # distinct failure reasons kept per process; the rest are pooled
+
 
 @dataclass(frozen=True, order=True)
 class BinKey:
@@ -106,6 +108,8 @@ class RunStats:
         return self.bins[key]
 
     def count_error(self, reason: str) -> None:
+        if reason not in self.errors and len(self.errors) >= MAX_ERROR_REASONS:
+            reason = "(further distinct reasons not listed)"
         self.errors[reason] = self.errors.get(reason, 0) + 1
 
     def merge(self, other: RunStats) -> None:

@@ -1,0 +1,141 @@
+"""Real headless Locust runs against the real tritonserver hosting the reference target."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_locust
+
+pytestmark = pytest.mark.integration
+
+
+def stages(report) -> dict[str, dict]:
+    return {s["name"]: s for s in report["stages"]}
+
+
+def bins(report) -> dict[str, dict]:
+    return {b["name"]: b for b in report["bins"]}
+
+
+@pytest.fixture(scope="module")
+def dump_sweep(triton_server, reference_dumps, tmp_path_factory):
+    """One verified sweep over the dumps, shared by the assertions below."""
+    return run_locust(
+        tmp_path_factory.mktemp("dump-sweep"), "-u", "1", "-r", "1", "--triton-url", triton_server.grpc_url,
+        "--workload", "dumps", "--dump-dir", str(reference_dumps), "--hit-ratios", "0,0.5,0.9,1.0",
+        "--batch-sizes", "8", "--stage-seconds", "5", "--warmup-seconds", "1", "--max-history", "256",
+        "--max-mismatches", "0", "--min-speedup", "1.0:1.2",
+    )
+
+
+def test_dump_sweep_passes_its_thresholds(dump_sweep):
+    assert dump_sweep.returncode == 0, dump_sweep.stderr[-2000:]
+    assert dump_sweep.report["thresholds"] == {"passed": True, "violations": []}
+    assert "speed-up" in dump_sweep.stdout  # the latency table is printed
+
+
+def test_achieved_ratios_land_on_targets_and_the_server_agrees(dump_sweep):
+    for stage in dump_sweep.report["stages"]:
+        assert stage["requests"] > 0
+        assert abs(stage["achieved_ratio"] - stage["target_ratio"]) <= 0.02, stage
+        assert stage["observed_ratio"] == pytest.approx(stage["predicted_ratio"]), stage
+        assert stage["hit_disagreements"] == 0
+
+
+def test_every_response_verified_without_mismatch(dump_sweep):
+    v = dump_sweep.report["verification"]
+    assert v["mismatches"] == 0
+    assert v["verified"] == sum(b["requests"] for b in dump_sweep.report["bins"])
+
+
+def test_latency_falls_as_hit_ratio_rises(dump_sweep):
+    b = bins(dump_sweep.report)
+    assert b["b8_h1.00"]["mean_ms"] < b["b8_h0.00"]["mean_ms"]
+    assert b["b8_h1.00"]["speedup"] > 1.2
+    assert b["b8_h1.00"]["server"]["compute_infer_ms"] < b["b8_h0.00"]["server"]["compute_infer_ms"]
+
+
+def test_records_hold_every_request(dump_sweep):
+    from hstu_replay.loadtest.records import read_records
+
+    records = read_records(dump_sweep.report_dir)
+    measured = [r for r in records if r["kind"] == "measure" and r["ok"]]
+    assert len(measured) == sum(b["requests"] for b in dump_sweep.report["bins"])
+    assert all(r["latency_ms"] > 0 for r in measured)
+    assert (dump_sweep.report_dir / "report.html").read_text().count("data:image/png;base64,") == 3
+
+
+def test_session_replay_reaches_its_targets(triton_server, sample_store, tmp_path):
+    result = run_locust(
+        tmp_path, "-u", "2", "-r", "2", "--triton-url", triton_server.grpc_url, "--workload", "sessions",
+        "--store", str(sample_store), "--hit-ratios", "0,0.5,0.9", "--batch-sizes", "2", "--stage-seconds", "5",
+        "--warmup-seconds", "1", "--max-history", "256", "--candidates", "16", "--max-error-ratio", "0",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    for stage in result.report["stages"]:
+        assert stage["requests"] > 0
+        assert abs(stage["achieved_ratio"] - stage["target_ratio"]) <= 0.02, stage
+        assert stage["hit_disagreements"] == 0, stage
+
+
+def test_an_injected_wrong_answer_is_caught(triton_server, reference_dumps, tmp_path):
+    from hstu_replay.dumps.reader import read_dump
+    from hstu_replay.dumps.writer import write_tensor_file
+
+    corrupt = tmp_path / "dumps"
+    shutil.copytree(reference_dumps, corrupt)
+    logits = read_dump(corrupt)[2].tensors["compiled_logits"]
+    logits[5, 3] += 1.0  # one wrong number in batch 2
+    write_tensor_file(corrupt / "batch_000002_compiled_logits.pt", logits)
+    result = run_locust(
+        tmp_path / "report", "-u", "1", "-r", "1", "--triton-url", triton_server.grpc_url, "--workload", "dumps",
+        "--dump-dir", str(corrupt), "--hit-ratios", "0.5", "--batch-sizes", "8", "--stage-seconds", "3",
+        "--warmup-seconds", "0", "--max-history", "256", "--max-mismatches", "0",
+    )
+    assert result.returncode == 3
+    assert "mismatch" in result.stderr
+    report = result.report
+    assert report["verification"]["mismatches"] >= 1
+    assert report["verification"]["verified"] > report["verification"]["mismatches"]
+    assert any("batch_000002" in reason and "max |diff| 1" in reason for reason in report["errors"]), report["errors"]
+
+
+def test_a_model_of_another_interface_is_refused_in_one_line(triton_server, reference_dumps, tmp_path):
+    result = run_locust(
+        tmp_path, "-u", "1", "-r", "1", "--triton-url", triton_server.grpc_url, "--triton-model",
+        "hstu_kvcache_control", "--workload", "dumps", "--dump-dir", str(reference_dumps),
+    )
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.startswith("hstu-replay: error")]
+    assert len(lines) == 1 and "matches no HSTU interface" in lines[0] and "CLEAR" in lines[0]
+
+
+def test_unreachable_server_fails_before_load(reference_dumps, tmp_path):
+    from tests.conftest import free_ports
+
+    result = run_locust(tmp_path, "-u", "1", "-r", "1", "--triton-url", f"127.0.0.1:{free_ports(1)[0]}",
+                        "--workload", "dumps", "--dump-dir", str(reference_dumps), timeout=60)
+    assert result.returncode == 2
+    assert "cannot read model" in result.stderr
+
+
+def test_no_cache_model_over_http(triton_server, reference_dumps, tmp_path):
+    result = run_locust(
+        tmp_path, "-u", "1", "-r", "1", "--triton-url", triton_server.http_url, "--triton-protocol", "http",
+        "--triton-model", "hstu_gr_ranking", "--workload", "dumps", "--dump-dir", str(reference_dumps),
+        "--hit-ratios", "0", "--batch-sizes", "2", "--stage-seconds", "3", "--warmup-seconds", "0",
+        "--max-history", "256", "--max-mismatches", "0",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.report["run"]["interface"] == "nocache"
+    assert result.report["verification"]["verified"] > 0
+
+
+def test_bad_option_is_one_line(tmp_path):
+    result = run_locust(tmp_path, "--hit-ratios", "0,1.5", "--workload", "dumps", "--dump-dir", "x", timeout=60)
+    assert result.returncode == 2
+    assert "--hit-ratios" in result.stderr and "0..1" in result.stderr
+    np.testing.assert_equal(len([l for l in result.stderr.splitlines() if "error" in l]), 1)
