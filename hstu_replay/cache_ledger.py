@@ -50,6 +50,10 @@ class CacheLedger:
     def __len__(self) -> int:
         return len(self._held)
 
+    def keys(self) -> list[int]:
+        """Held keys, least recently used first."""
+        return list(self._held)
+
     def check(self, request: Sequence[tuple[int, int]]) -> None:
         """Refuse what the published server would silently get wrong."""
         seen = set()

@@ -10,9 +10,9 @@ import torch
 
 from hstu_replay.errors import InputError
 from hstu_replay.interface import KVCACHE, NOCACHE
-from hstu_replay.target.aoti import export_nocache_package, export_package, load_package
+from hstu_replay.target.aoti import export_nocache_package, export_package, load_nocache_package, load_package
 from hstu_replay.target.config import get_config
-from hstu_replay.target.engine import RankingEngine
+from hstu_replay.target.engine import PackagedRanker, RankingEngine
 from hstu_replay.target.kvcache import KVCache
 from hstu_replay.target.model import build_model
 from hstu_replay.target.repository import RepositoryLayout, TargetMeta, read_meta, write_configs, write_meta
@@ -48,5 +48,5 @@ def load_engines(root: str | Path, cache_budget_tokens: int | None, page_tokens:
     config = get_config(meta.config)
     cache = KVCache(cache_budget_tokens if cache_budget_tokens else 1 << 62, page_tokens)
     cached = RankingEngine(config, load_package(layout.package(KVCACHE)), cache, device)
-    uncached = RankingEngine(config, load_package(layout.package(KVCACHE)), None, device)
+    uncached = PackagedRanker(config, load_nocache_package(layout.package(NOCACHE)))
     return Engines(cached=cached, uncached=uncached)

@@ -39,6 +39,22 @@ def history_ids(user: UserRequest) -> np.ndarray:
     return ids
 
 
+def check_fits(cfg: ModelConfig, users: list[UserRequest], tensors: RequestTensors) -> None:
+    """Refuse a request the model was not exported for (the packages would clamp, not fail)."""
+    if len(users) > cfg.max_batch:
+        raise LimitError(f"batch of {len(users)} users; the model takes at most {cfg.max_batch}")
+    if len(tensors.user_ids) != len(users) or len(tensors.total_history_lengths) != len(users):
+        raise InputError(f"user_ids and total_history_lengths must have one entry per user ({len(users)})")
+    for u, total in zip(users, tensors.total_history_lengths):
+        if u.total_history_length != total:
+            raise InputError(f"user {u.user_id}: total_history_length {int(total)} but the layout implies "
+                             f"{u.total_history_length}")
+        if u.history_length > cfg.max_history:
+            raise LimitError(f"user {u.user_id}: history of {u.history_length} items exceeds {cfg.max_history}")
+        if len(u.candidates) > cfg.max_candidates:
+            raise LimitError(f"user {u.user_id}: {len(u.candidates)} candidates exceed {cfg.max_candidates}")
+
+
 class RankingEngine:
     def __init__(self, config: ModelConfig, compute: Compute, cache: KVCache | None, device: str = "cpu") -> None:
         self.config = config
@@ -51,49 +67,43 @@ class RankingEngine:
 
     def infer(self, tensors: RequestTensors) -> InferResult:
         users = tensors.users()
-        self._check_layout(users, tensors)
+        check_fits(self.config, users, tensors)
         totals = [int(t) for t in tensors.total_history_lengths]
         with self._lock:
-            if self.cache is None:
-                return self._serve(users, totals)
-            self.cache.check_request([u.key for u in users], totals)
-            with self.cache.protect(u.key for u in users):
-                return self._serve(users, totals)
+            if self.cache is not None:
+                self.cache.check_request([u.key for u in users], totals)
+            return self._serve(users, totals)
 
     def clear_cache(self) -> None:
         if self.cache is not None:
             with self._lock:
                 self.cache.clear()
 
-    def _check_layout(self, users: list[UserRequest], tensors: RequestTensors) -> None:
-        cfg = self.config
-        if len(users) > cfg.max_batch:
-            raise LimitError(f"batch of {len(users)} users; the model takes at most {cfg.max_batch}")
-        if len(tensors.user_ids) != len(users) or len(tensors.total_history_lengths) != len(users):
-            raise InputError(f"user_ids and total_history_lengths must have one entry per user ({len(users)})")
-        for u, total in zip(users, tensors.total_history_lengths):
-            if u.total_history_length != total:
-                raise InputError(f"user {u.user_id}: total_history_length {int(total)} but the layout implies "
-                                 f"{u.total_history_length}")
-            if u.history_length > cfg.max_history:
-                raise LimitError(f"user {u.user_id}: history of {u.history_length} items exceeds {cfg.max_history}")
-            if len(u.candidates) > cfg.max_candidates:
-                raise LimitError(f"user {u.user_id}: {len(u.candidates)} candidates exceed {cfg.max_candidates}")
-
     def _serve(self, users: list[UserRequest], totals: list[int]) -> InferResult:
+        if self.cache is not None:
+            reuse_plan = self.cache.begin([u.key for u in users], totals)
+        else:
+            reuse_plan = [(0, None)] * len(users)
+        try:
+            return self._compute(users, totals, reuse_plan)
+        except Exception:
+            if self.cache is not None:  # the ledger already counts these users as held: undo
+                for user in users:
+                    self.cache.forget(user.key)
+            raise
+
+    def _compute(self, users: list[UserRequest], totals: list[int], reuse_plan) -> InferResult:
         logits, cached, computed = [], [], []
-        for user, total in zip(users, totals):
-            entry = self.cache.lookup(user.key) if self.cache is not None else None
-            reuse = 0 if entry is None else min(entry.tokens, total)
+        for user, total, (reuse, entry) in zip(users, totals, reuse_plan):
             past_k = self._empty if entry is None else entry.k[:, :reuse]
             past_v = self._empty if entry is None else entry.v[:, :reuse]
             ids = torch.from_numpy(history_ids(user)[reuse:]).to(self.device)
             cands = torch.from_numpy(np.ascontiguousarray(user.candidates, dtype=np.int64)).to(self.device)
             out, new_k, new_v = self.compute(ids, cands, past_k, past_v)
             if self.cache is not None:
-                if new_k.shape[1] > 0:  # else the held entry is already exactly this history
-                    self.cache.store(user.key, torch.cat([past_k, new_k], 1), torch.cat([past_v, new_v], 1))
-                self.cache.record(reuse, total - reuse)
+                if new_k.shape[1] > 0:
+                    past_k, past_v = torch.cat([past_k, new_k], 1), torch.cat([past_v, new_v], 1)
+                self.cache.store(user.key, past_k, past_v)
             logits.append(out.float().cpu().numpy())
             cached.append(reuse)
             computed.append(total - reuse)
@@ -102,3 +112,26 @@ class RankingEngine:
             cached_tokens=np.array(cached, dtype=np.int64),
             computed_tokens=np.array(computed, dtype=np.int64),
         )
+
+
+class PackagedRanker:
+    """The self-contained no-cache package (the published `hstu_gr_ranking`) as an engine."""
+
+    cache = None
+
+    def __init__(self, config: ModelConfig, package) -> None:
+        self.config = config
+        self.package = package
+        self._lock = threading.Lock()
+
+    def infer(self, tensors: RequestTensors) -> InferResult:
+        users = tensors.users()
+        check_fits(self.config, users, tensors)
+        with self._lock:
+            logits = self.package(*(torch.from_numpy(np.ascontiguousarray(a)) for a in
+                                    (tensors.values, tensors.lengths, tensors.num_candidates)))
+        zeros = np.zeros(tensors.batch_size, dtype=np.int64)
+        return InferResult(logits.float().cpu().numpy().reshape(-1, 8), zeros, tensors.total_history_lengths.copy())
+
+    def clear_cache(self) -> None:
+        pass

@@ -28,7 +28,7 @@ import numpy as np
 from hstu_replay.errors import ServerError
 from hstu_replay.interface import KVCACHE, NOCACHE, PYTHON_BACKEND, ModelInterface
 from hstu_replay.request import RequestTensors
-from hstu_replay.target.engine import RankingEngine
+from hstu_replay.target.engine import PackagedRanker, RankingEngine
 
 CONTROL_MODEL = "hstu_kvcache_control"
 CONTROL_OUTPUTS = ("HIT_TOKENS", "COMPUTED_TOKENS", "EVICTED_USERS", "RESIDENT_TOKENS", "REQUESTS")
@@ -57,8 +57,8 @@ class ServeOptions:
 
 @dataclass(frozen=True)
 class Engines:
-    cached: RankingEngine
-    uncached: RankingEngine
+    cached: RankingEngine  # hstu_gr_ranking_kvcache
+    uncached: PackagedRanker  # hstu_gr_ranking and hstu_model: the self-contained no-cache package
 
 
 def check_ports_free(options: ServeOptions) -> None:
