@@ -2,10 +2,14 @@
 
 Each batch holds distinct users, each with a random-length prefix of its real history and
 the events that follow as candidates; `compiled_logits` come from the compiled package.
+A user may be drawn again in a later batch with another history length, so each drawn user
+gets its own cache key (INPUT__3; `values` keep the real user id): every key appears once,
+and replaying the whole dump twice (cold, then all hits) never shrinks a key's history.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +19,9 @@ from hstu_replay.dumps.writer import write_dump_batch, write_feature_keys
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import FEATURE_KEYS, Limits
 from hstu_replay.request import UserRequest, build_request
-from hstu_replay.target.engine import RankingEngine
+from hstu_replay.target.engine import PackagedRanker
+
+DUMP_KEY_BASE = 1 << 40  # cache keys of dumped users: above any real KuaiRand user id
 
 
 def draw_users(store: SequenceStore, batch_size: int, candidates: int, max_history: int,
@@ -38,7 +44,7 @@ def draw_users(store: SequenceStore, batch_size: int, candidates: int, max_histo
     return users
 
 
-def write_reference_dumps(engine: RankingEngine, store_path: str, out: str | Path, batches: int, batch_size: int,
+def write_reference_dumps(engine: PackagedRanker, store_path: str, out: str | Path, batches: int, batch_size: int,
                           candidates: int, max_history: int | None, seed: int) -> int:
     config = engine.config
     max_history = min(max_history or config.max_history, config.max_history)
@@ -50,7 +56,9 @@ def write_reference_dumps(engine: RankingEngine, store_path: str, out: str | Pat
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for index in range(batches):
-        request = build_request(draw_users(store, batch_size, candidates, max_history, rng), limits)
+        users = draw_users(store, batch_size, candidates, max_history, rng)
+        users = [replace(u, cache_key=DUMP_KEY_BASE + index * 8 + slot) for slot, u in enumerate(users)]
+        request = build_request(users, limits)
         result = engine.infer(request)
         write_dump_batch(out, index, {
             "values": request.values, "lengths": request.lengths, "num_candidates": request.num_candidates,
