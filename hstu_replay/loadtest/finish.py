@@ -51,7 +51,10 @@ def write_final_report(environment, final: bool = False) -> dict:
         print(f"hstu-replay: report written to {Path(c.report_dir).resolve()}"
               + (f" (open {Path(html).resolve()})" if html else ""), flush=True)
         outcome = report["thresholds"]
-        if outcome is not None:
+        if not any(b["requests"] for b in report["bins"]):
+            print("hstu-replay: error: no request was measured (see the errors above)", file=sys.stderr, flush=True)
+            environment.process_exit_code = 1
+        elif outcome is not None:
             if outcome["passed"]:
                 environment.process_exit_code = 0
             else:

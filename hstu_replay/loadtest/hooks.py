@@ -39,11 +39,14 @@ def _arguments(parser, **_):
 def _init(environment, **_):
     runner = environment.runner
     role = "master" if isinstance(runner, MasterRunner) else "worker" if isinstance(runner, WorkerRunner) else "local"
-    try:
-        config = LoadTestConfig.from_options(environment.parsed_options)
-    except HstuReplayError as exc:
-        print(f"hstu-replay: error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(exc.exit_code)
+    if role == "worker":
+        config = LoadTestConfig()  # placeholder: the master's options arrive with each test start
+    else:
+        try:
+            config = LoadTestConfig.from_options(environment.parsed_options)
+        except HstuReplayError as exc:
+            print(f"hstu-replay: error: {exc}", file=sys.stderr, flush=True)
+            sys.exit(exc.exit_code)
     environment.hstu = LoadTestRuntime(config, role)
     if role != "worker" and getattr(environment.parsed_options, "headless", False):
         _detect_interface(environment, exit_on_failure=True)
@@ -82,10 +85,13 @@ def _detect_interface(environment, exit_on_failure: bool = False) -> bool:
 def _test_start(environment, **_):
     runtime: LoadTestRuntime = environment.hstu
     runner = environment.runner
-    if isinstance(runner, WorkerRunner):
-        runtime.worker_index, runtime.worker_count = runner.worker_index, max(runner.worker_count, 1)
     if isinstance(runner, MasterRunner):
-        runtime.worker_count = max(runner.worker_count, 1)
+        # Custom attributes of parsed_options travel to the workers with the spawn message.
+        environment.parsed_options.hstu_worker_count = max(runner.worker_count, 1)
+        runtime.worker_count = environment.parsed_options.hstu_worker_count
+    if isinstance(runner, WorkerRunner):
+        runtime.worker_index = runner.worker_index
+        runtime.worker_count = int(getattr(environment.parsed_options, "hstu_worker_count", 1))
     try:
         runtime.configure(LoadTestConfig.from_options(environment.parsed_options))
     except HstuReplayError as exc:

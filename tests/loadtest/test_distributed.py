@@ -1,0 +1,79 @@
+"""Locust's own master/worker distribution on loopback against the real target."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from hstu_replay.loadtest.records import read_records
+from tests.conftest import ROOT, free_ports, locust_command
+
+pytestmark = pytest.mark.integration
+
+
+def start(args: list[str], log) -> subprocess.Popen:
+    return subprocess.Popen(locust_command(*args), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def distributed_run(tmp_path, server, store, kill_one_worker: bool = False):
+    (port,) = free_ports(1)
+    report = tmp_path / "report"
+    common = ["--loglevel", "INFO", "--report-dir", str(report)]
+    master_log = (tmp_path / "master.log").open("w")
+    master = start(["--master", "--headless", "--only-summary", "--expect-workers", "2", "--master-bind-host",
+                    "127.0.0.1", "--master-bind-port", str(port), "-u", "4", "-r", "4",
+                    "--triton-url", server.grpc_url, "--workload", "sessions", "--store", str(store),
+                    "--hit-ratios", "0,0.9", "--batch-sizes", "2", "--stage-seconds", "5", "--warmup-seconds", "1",
+                    "--max-history", "256", *common], master_log)
+    workers = [start(["--worker", "--master-host", "127.0.0.1", "--master-port", str(port), *common],
+                     (tmp_path / f"worker{i}.log").open("w")) for i in range(2)]
+    try:
+        if kill_one_worker:
+            time.sleep(8)  # both workers are sending by now (sweep: 12 s)
+            workers[1].send_signal(signal.SIGKILL)
+        code = master.wait(120)
+        for w in workers:
+            w.wait(60)
+    finally:
+        for p in [master, *workers]:
+            if p.poll() is None:
+                p.kill()
+    return code, report, (tmp_path / "master.log").read_text()
+
+
+def test_master_merges_two_workers(triton_server, sample_store, tmp_path):
+    import json
+
+    code, report_dir, log = distributed_run(tmp_path, triton_server, sample_store)
+    assert code == 0, log[-3000:]
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["run"]["workers"] == 2 and report["run"]["role"] == "master"
+    records = read_records(report_dir)
+    by_worker = {r["worker"] for r in records}
+    assert by_worker == {0, 1}
+    measured = [r for r in records if r["kind"] == "measure" and r["ok"]]
+    assert sum(b["requests"] for b in report["bins"]) == len(measured)
+    for stage in report["stages"]:
+        assert abs(stage["achieved_ratio"] - stage["target_ratio"]) <= 0.02, stage
+        assert stage["hit_disagreements"] == 0
+    keys = {w: {int(k) for r in records if r["worker"] == w for k in re.findall(r"key (\d+)", r["label"])}
+            for w in (0, 1)}
+    assert keys[0] and keys[1] and not keys[0] & keys[1]  # no cache key on two workers
+
+
+def test_a_killed_worker_leaves_its_records_and_the_master_carries_on(triton_server, sample_store, tmp_path):
+    import json
+
+    code, report_dir, log = distributed_run(tmp_path, triton_server, sample_store, kill_one_worker=True)
+    assert (report_dir / "report.json").exists(), log[-3000:]
+    report = json.loads((report_dir / "report.json").read_text())
+    assert sum(b["requests"] for b in report["bins"]) > 0
+    assert "missing" in log.lower() or "heartbeat" in log.lower() or "lost" in log.lower()
+    killed = [r for r in read_records(report_dir) if r["worker"] == 1]
+    assert killed, "the killed worker's finished requests are on disk"
