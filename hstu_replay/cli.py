@@ -19,6 +19,8 @@ COMMAND_GROUPS: dict[str, str] = {
     "data": "hstu_replay.data.cli",
     "dump": "hstu_replay.dumps.cli",
     "target": "hstu_replay.target.cli",
+    "reference": "hstu_replay.reference.cli",
+    "plan": "hstu_replay.plan.cli",
 }
 
 

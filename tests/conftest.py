@@ -52,8 +52,9 @@ class ServerHandle:
         return f"127.0.0.1:{self.http_port}"
 
 
-def start_server(repository: Path, log: Path, *extra: str, ready_timeout: float = 120.0) -> ServerHandle:
-    http, grpc, metrics, cache_metrics = free_ports(4)
+def start_server(repository: Path, log: Path, *extra: str, ready_timeout: float = 120.0,
+                 ports: tuple[int, int, int, int] | None = None) -> ServerHandle:
+    http, grpc, metrics, cache_metrics = ports or free_ports(4)
     out = log.open("w")
     process = subprocess.Popen(
         [str(BIN / "hstu-replay"), "target", "serve", "--repository", str(repository), "--device", "cpu",

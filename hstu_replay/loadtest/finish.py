@@ -28,7 +28,9 @@ def run_metadata(environment) -> dict:
 
 def current_report(environment) -> dict:
     runtime = environment.hstu
-    return build_report(runtime.stats, run_metadata(environment), runtime.server_stages, runtime.config.tolerance)
+    c = runtime.config
+    return build_report(runtime.stats, run_metadata(environment), runtime.server_stages, c.tolerance,
+                        requested_rps=c.request_rate if c.arrival != "closed" else None)
 
 
 def write_final_report(environment, final: bool = False) -> dict:
@@ -50,6 +52,10 @@ def write_final_report(environment, final: bool = False) -> dict:
         html = paths.get("html")
         print(f"hstu-replay: report written to {Path(c.report_dir).resolve()}"
               + (f" (open {Path(html).resolve()})" if html else ""), flush=True)
+        lost = sum(s["hits_lost"] for s in report["stages"])
+        if lost:
+            print(f"hstu-replay: warning: {lost} requests found less cached than predicted "
+                  "(server restarted, cache emptied or evicted beyond the capacity model)", file=sys.stderr, flush=True)
         outcome = report["thresholds"]
         if not any(b["requests"] for b in report["bins"]):
             print("hstu-replay: error: no request was measured (see the errors above)", file=sys.stderr, flush=True)

@@ -88,6 +88,7 @@ def _test_start(environment, **_):
     if isinstance(runner, MasterRunner):
         # Custom attributes of parsed_options travel to the workers with the spawn message.
         environment.parsed_options.hstu_worker_count = max(runner.worker_count, 1)
+        environment.parsed_options.hstu_total_users = environment.parsed_options.num_users
         runtime.worker_count = environment.parsed_options.hstu_worker_count
     if isinstance(runner, WorkerRunner):
         runtime.worker_index = runner.worker_index

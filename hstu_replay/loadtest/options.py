@@ -14,6 +14,9 @@ from hstu_replay.errors import ConfigError
 from hstu_replay.interface import Limits
 
 
+ARRIVALS = ("closed", "constant", "poisson")
+
+
 def _opt(flag: str, default, help_text: str, secret: bool = False):
     return field(default=default, metadata={"flag": flag, "help": help_text, "secret": secret})
 
@@ -32,6 +35,8 @@ class LoadTestConfig:
     dump_dir: str = _opt("--dump-dir", "", "NVIDIA-format dump directory (hstu-replay target dump)")
     hit_ratios: str = _opt("--hit-ratios", "0,0.5,1.0", "Target KV-cache hit ratios, one stage each")
     batch_sizes: str = _opt("--batch-sizes", "1", "Users per request (1..8), one sweep each")
+    arrival: str = _opt("--arrival", "closed", "closed (back to back), constant or poisson (open loop)")
+    request_rate: float = _opt("--request-rate", 0.0, "Open loop: measured requests per second, all users together")
     stage_seconds: float = _opt("--stage-seconds", 10.0, "Measured seconds per stage")
     warmup_seconds: float = _opt("--warmup-seconds", 2.0, "Seconds at the start of each stage left out")
     candidates: int = _opt("--candidates", 16, "Candidates ranked per user (session replay)")
@@ -80,6 +85,10 @@ class LoadTestConfig:
             raise ConfigError("--workload sessions needs --store (a prepared KuaiRand store)")
         if self.workload == "dumps" and not self.dump_dir:
             raise ConfigError("--workload dumps needs --dump-dir")
+        if self.arrival not in ARRIVALS:
+            raise ConfigError(f"--arrival {self.arrival!r}: use one of {', '.join(ARRIVALS)}")
+        if self.arrival != "closed" and self.request_rate <= 0:
+            raise ConfigError(f"--arrival {self.arrival} needs --request-rate > 0")
         if self.stage_seconds <= 0 or self.warmup_seconds < 0:
             raise ConfigError("--stage-seconds must be > 0 and --warmup-seconds >= 0")
         if not 0.0 <= self.verify_fraction <= 1.0:

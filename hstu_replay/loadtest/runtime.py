@@ -35,6 +35,7 @@ class Outcome:
     error: str = ""
     verdict: Verdict | None = None
     mismatch: str = ""  # one line naming request, user and difference, when the verdict fails
+    lag_s: float | None = None  # open loop: actual send - intended send
 
 
 @dataclass
@@ -126,6 +127,8 @@ class LoadTestRuntime:
         }
         if outcome.verdict is not None:
             record["max_abs_diff"] = outcome.verdict.max_abs_diff
+        if outcome.lag_s is not None:
+            record["lag_ms"] = outcome.lag_s * 1e3
         if self.records:
             self.records.write(record)
         if kind == "prime":
@@ -144,6 +147,9 @@ class LoadTestRuntime:
             self.stats.count_error(outcome.error)
             return
         b.latency.record(outcome.latency_s)
+        if outcome.lag_s is not None:
+            b.lag.record(outcome.lag_s)
+            b.corrected.record(outcome.lag_s + outcome.latency_s)
         b.requests += 1
         b.logical_requests += step.request.batch_size
         b.history_tokens += step.history_tokens
@@ -154,6 +160,7 @@ class LoadTestRuntime:
             b.observed_hits += observed
             b.observed_tokens += step.history_tokens
             b.hit_disagreements += observed != sum(predicted)
+            b.hits_lost += observed < sum(predicted)
         if outcome.verdict is not None:
             b.verified += 1
             if not outcome.verdict.ok:

@@ -11,6 +11,7 @@ from locust import User, constant, task
 from hstu_replay.client.triton import TritonClient
 from hstu_replay.errors import HstuReplayError
 from hstu_replay.loadtest.runtime import LoadTestRuntime, Outcome
+from hstu_replay.plan.arrivals import ArrivalClock
 from hstu_replay.plan.dumps import DumpSource
 from hstu_replay.plan.sessions import SessionSource
 from hstu_replay.plan.step import PlannedStep
@@ -52,12 +53,24 @@ class HstuUser(User):
         self.client.binding = self.runtime.binding
         self.source = SOURCES[self.runtime.config.workload](self.runtime, self.index)
         self.rng = random.Random(self.runtime.config.seed * 7919 + self.index)
+        self.clock = self._arrival_clock()
+
+    def _arrival_clock(self) -> ArrivalClock | None:
+        config = self.runtime.config
+        if config.arrival == "closed":
+            return None
+        users = int(getattr(self.environment.parsed_options, "hstu_total_users", 0) or self.environment.runner.user_count or 1)
+        return ArrivalClock(config.arrival, config.request_rate / max(users, 1), time.monotonic(), self.rng)
 
     def on_stop(self):
         self.client.close()
 
     @task
     def replay(self):
+        intended = None
+        if self.clock is not None:  # open loop: wait for this request's intended send time
+            intended = self.clock.next()
+            gevent.sleep(min(max(intended - time.monotonic(), 0.0), self.runtime.schedule.duration_s))
         position = self.runtime.position()
         if position is None:  # the sweep is over: idle until the runner stops us
             gevent.sleep(0.2)
@@ -66,17 +79,19 @@ class HstuUser(User):
         step = self.source.next_step(target, position.stage.key.batch_size)
         if step.prime is not None and self.runtime.binding.interface.uses_cache:
             self._send("prime", step, step.prime, position)
-        self._send("warmup" if position.warming_up else "measure", step, step.request, position)
+        self._send("warmup" if position.warming_up else "measure", step, step.request, position, intended)
 
-    def _send(self, kind: str, step: PlannedStep, request, position) -> None:
+    def _send(self, kind: str, step: PlannedStep, request, position, intended: float | None = None) -> None:
         runtime = self.runtime
         predicted = runtime.predict_hits(request) if runtime.binding.interface.uses_cache else (0,) * request.batch_size
-        start = time.perf_counter()
+        start = time.monotonic()
         try:
             response = self.client.infer(request)
-            outcome = Outcome(time.perf_counter() - start, response.logits, response.cached_tokens)
+            outcome = Outcome(time.monotonic() - start, response.logits, response.cached_tokens)
         except HstuReplayError as exc:
-            outcome = Outcome(time.perf_counter() - start, error=str(exc))
+            outcome = Outcome(time.monotonic() - start, error=str(exc))
+        if intended is not None:
+            outcome.lag_s = max(start - intended, 0.0)
             if runtime.binding.interface.uses_cache:
                 runtime.forget(request)
         exception = RuntimeError(outcome.error) if outcome.error else None

@@ -58,12 +58,14 @@ def _stage(key: BinKey, s: BinStats) -> dict:
         "observed_ratio": s.observed_ratio,
         "expected_ratio": _ratio(s.expected_hits, s.history_tokens),
         "hit_disagreements": s.hit_disagreements,
+        "hits_lost": s.hits_lost,
         "requests": s.requests,
     }
 
 
-def _bin(key: BinKey, s: BinStats, baseline_ms: float | None, server: dict | None) -> dict:
-    h = s.latency
+def _bin(key: BinKey, s: BinStats, baseline_ms: float | None, server: dict | None,
+         requested_rps: float | None) -> dict:
+    h, c, lag = s.latency, s.corrected, s.lag
     duration = s.duration_s
     return {
         "name": key.name(),
@@ -83,6 +85,13 @@ def _bin(key: BinKey, s: BinStats, baseline_ms: float | None, server: dict | Non
         "p999_ms": h.percentile_ms(99.9),
         "max_ms": h.max_us / 1e3 if h.total else math.nan,
         "speedup": _speedup(baseline_ms, h.mean_ms),
+        "requested_rps": requested_rps,
+        "corrected_mean_ms": c.mean_ms,
+        "corrected_p50_ms": c.percentile_ms(50),
+        "corrected_p99_ms": c.percentile_ms(99),
+        "lag_p50_ms": lag.percentile_ms(50),
+        "lag_p99_ms": lag.percentile_ms(99),
+        "lag_max_ms": lag.max_us / 1e3 if lag.total else math.nan,
         "verified": s.verified,
         "mismatches": s.mismatches,
         "server": server,
@@ -96,9 +105,12 @@ def build_report(
     tolerance: float = 0.0625,
     *,
     created: datetime | None = None,
+    requested_rps: float | None = None,
 ) -> dict:
     """The report of a run; `server` maps bin names to the server's own figures for that bin.
 
+    `requested_rps` is the open-loop target rate (None for closed loop); with it, every bin also
+    reports latency from the intended send time (`corrected_*`) and the schedule lag.
     A bin's speed-up is the mean latency of the 0.0-target bin of its batch size over its own
     mean latency (null where that batch size has no 0.0 bin).
     """
@@ -112,7 +124,7 @@ def build_report(
         "created": when.isoformat(timespec="seconds"),
         "run": run,
         "stages": [_stage(k, s) for k, s in items],
-        "bins": [_bin(k, s, baselines.get(k.batch_size), server.get(k.name())) for k, s in items],
+        "bins": [_bin(k, s, baselines.get(k.batch_size), server.get(k.name()), requested_rps) for k, s in items],
         "verification": {
             "verified": sum(s.verified for _, s in items),
             "mismatches": sum(s.mismatches for _, s in items),

@@ -30,7 +30,9 @@ class BinKey:
 
 @dataclass
 class BinStats:
-    latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    latency: LatencyHistogram = field(default_factory=LatencyHistogram)  # from the actual send
+    corrected: LatencyHistogram = field(default_factory=LatencyHistogram)  # from the intended send (open loop)
+    lag: LatencyHistogram = field(default_factory=LatencyHistogram)  # actual - intended send (open loop)
     requests: int = 0  # measured requests that got a response
     failures: int = 0  # measured requests that failed (error, timeout, mismatch)
     logical_requests: int = 0  # users served (batch members)
@@ -40,6 +42,7 @@ class BinStats:
     observed_hits: int = 0  # what the server reported (where it reports)
     observed_tokens: int = 0  # history tokens of requests with a server report
     hit_disagreements: int = 0  # requests whose reported hits differ from the prediction
+    hits_lost: int = 0  # requests that found less cached than predicted (a restart, a foreign eviction)
     verified: int = 0
     mismatches: int = 0
     first_start: float = math.inf  # epoch seconds
@@ -48,7 +51,7 @@ class BinStats:
     def merge(self, other: BinStats) -> None:
         for f in fields(self):
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            if f.name == "latency":
+            if isinstance(mine, LatencyHistogram):
                 mine.merge(theirs)
             elif f.name == "first_start":
                 self.first_start = min(mine, theirs)
@@ -59,14 +62,16 @@ class BinStats:
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["latency"] = self.latency.to_dict()
+        for name in HISTOGRAMS:
+            d[name] = getattr(self, name).to_dict()
         d["first_start"] = None if math.isinf(self.first_start) else self.first_start
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> BinStats:
         values = dict(d)
-        values["latency"] = LatencyHistogram.from_dict(d["latency"])
+        for name in HISTOGRAMS:
+            values[name] = LatencyHistogram.from_dict(d[name])
         values["first_start"] = math.inf if d["first_start"] is None else d["first_start"]
         return cls(**values)
 
@@ -92,6 +97,9 @@ class BinStats:
     @property
     def throughput(self) -> float:
         return self.requests / self.duration_s if self.duration_s > 0 else math.nan
+
+
+HISTOGRAMS = ("latency", "corrected", "lag")
 
 
 @dataclass

@@ -1,0 +1,110 @@
+"""`hstu-replay plan export-perf-analyzer`: a planned trace as perf_analyzer `--input-data` JSON.
+
+The requests come from the sources the load test uses (dump replay or session replay, one
+virtual user's cache keys), primes included in send order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from pathlib import Path
+
+from hstu_replay.errors import ConfigError
+from hstu_replay.interface import INTERFACES, Limits, ModelInterface
+from hstu_replay.plan.keys import MAX_USERS_PER_WORKER, KeyAllocator
+
+MODELS: dict[str, ModelInterface] = {i.model_name: i for i in INTERFACES.values()}
+
+
+def add_commands(groups) -> None:
+    plan = groups.add_parser("plan", help="plan request traces for other tools")
+    actions = plan.add_subparsers(dest="plan_command", required=True, metavar="ACTION")
+    export = actions.add_parser("export-perf-analyzer",
+                                help="write planned requests as perf_analyzer --input-data JSON")
+    export.add_argument("--dump-dir", metavar="DIR", help="replay the users of this NVIDIA-format dump")
+    export.add_argument("--store", metavar="STORE", help="replay sessions of this prepared store")
+    export.add_argument("--out", required=True, metavar="TRACE_JSON", help="JSON file to write")
+    export.add_argument("--model", default="hstu_gr_ranking_kvcache",
+                        help=f"model whose inputs are written: {', '.join(MODELS)} (default %(default)s)")
+    export.add_argument("--hit-ratio", type=float,
+                        help="target KV-cache hit ratio (default 0.5; 0 for a model without cache)")
+    export.add_argument("--batch-size", type=int, default=8, help="users per request, 1..8 (default 8)")
+    export.add_argument("--requests", type=int, default=100,
+                        help="measured requests; priming requests come on top (default 100)")
+    export.add_argument("--candidates", type=int, default=16, help="candidates per user, sessions (default 16)")
+    export.add_argument("--max-history", type=int, default=256, help="longest history in items (default 256)")
+    export.add_argument("--max-values", type=int, default=40_000,
+                        help="largest len(values) the model takes (default 40000)")
+    export.add_argument("--seed", type=int, default=0, help="seed of the user order (default 0)")
+    export.add_argument("--worker-index", type=int, default=0,
+                        help="owner of the cache keys: give each concurrent perf_analyzer its own (default 0)")
+    export.add_argument("--key-nonce", type=int,
+                        help="fixed run nonce of the cache keys (default random: fresh keys every export)")
+    export.set_defaults(func=_export)
+
+
+def _check(args: argparse.Namespace) -> tuple[ModelInterface, float, Limits]:
+    if (args.dump_dir is None) == (args.store is None):
+        raise ConfigError("give exactly one of --dump-dir DIR or --store STORE")
+    interface = MODELS.get(args.model)
+    if interface is None:
+        raise ConfigError(f"--model {args.model!r}: use one of {', '.join(MODELS)}")
+    ratio = args.hit_ratio if args.hit_ratio is not None else (0.5 if interface.uses_cache else 0.0)
+    if not 0.0 <= ratio <= 1.0:
+        raise ConfigError(f"--hit-ratio must be within 0..1, got {ratio}")
+    if ratio > 0 and not interface.uses_cache:
+        raise ConfigError(f"--hit-ratio {ratio}: model {args.model} has no KV cache; use 0")
+    limits = Limits(max_history=args.max_history, max_values=args.max_values)
+    for name, value, low, high in (("--batch-size", args.batch_size, 1, limits.max_batch),
+                                   ("--candidates", args.candidates, 1, limits.max_candidates),
+                                   ("--requests", args.requests, 1, None),
+                                   ("--max-history", args.max_history, 1, None),
+                                   ("--max-values", args.max_values, 1, None),
+                                   ("--seed", args.seed, 0, None),
+                                   ("--worker-index", args.worker_index, 0, None)):
+        if value < low or (high is not None and value > high):
+            bounds = f"{low}..{high}" if high is not None else f">= {low}"
+            raise ConfigError(f"{name} must be {bounds}, got {value}")
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        raise ConfigError(f"--out {args.out}: folder {out.parent} does not exist")
+    return interface, ratio, limits
+
+
+def _source(args: argparse.Namespace, limits: Limits):
+    keys = KeyAllocator(args.worker_index, 0, args.key_nonce)
+    offset = args.worker_index * MAX_USERS_PER_WORKER
+    if args.dump_dir is not None:
+        from hstu_replay.dumps.reader import read_dump
+        from hstu_replay.plan.dumps import DumpSource, dumped_users
+
+        pool = dumped_users(read_dump(args.dump_dir))
+        start = offset % len(pool) if pool else 0
+        return DumpSource(pool[start:] + pool[:start], keys, limits)
+    from hstu_replay.data.store import SequenceStore
+    from hstu_replay.plan.sessions import SessionSource
+
+    store = SequenceStore.open(args.store)
+    order = list(range(len(store)))
+    random.Random(args.seed).shuffle(order)
+    start = offset % len(order) if order else 0
+    return SessionSource(store, order[start:] + order[:start], keys, args.candidates, limits, args.batch_size)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from hstu_replay.plan.perf_analyzer import plan_trace, write_trace
+
+    interface, ratio, limits = _check(args)
+    began = time.perf_counter()
+    source = _source(args, limits)
+    summary = write_trace(plan_trace(source, interface, ratio, args.batch_size, args.requests), interface, args.out)
+    print(f"{args.out}: {summary.entries} requests ({summary.measured} measured, {summary.primes} primes), "
+          f"{summary.users} user slots, {summary.bytes_written / 1e6:.1f} MB in {time.perf_counter() - began:.1f} s; "
+          f"replay: perf_analyzer -m {interface.model_name} -i grpc --input-data {args.out} --concurrency-range 1")
+    if interface.uses_cache:
+        print(f"note: perf_analyzer loops over the list; after {summary.entries} requests the keys are warm "
+              f"and primes shorten held histories: stop it there (--request-count {summary.entries}) "
+              f"or empty the cache between passes")
+    return 0

@@ -1,0 +1,53 @@
+"""Faults with real parts: the server killed mid-run and brought back on the same ports."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import ROOT, free_ports, locust_command, start_server, stop_server
+
+pytestmark = pytest.mark.integration
+
+
+def test_server_killed_and_restarted_mid_run(compiled_repository, sample_store, tmp_path):
+    ports = tuple(free_ports(4))
+    server = start_server(compiled_repository, tmp_path / "server1.log", ports=ports)
+    grpc_url = f"127.0.0.1:{ports[1]}"
+    report_dir = tmp_path / "report"
+    run = subprocess.Popen(
+        locust_command("--headless", "--only-summary", "--loglevel", "WARNING", "-u", "2", "-r", "2",
+                       "--report-dir", str(report_dir), "--triton-url", grpc_url, "--triton-timeout", "5",
+                       "--workload", "sessions", "--store", str(sample_store), "--hit-ratios", "0.9",
+                       "--batch-sizes", "2", "--stage-seconds", "24", "--warmup-seconds", "1", "--max-history", "256"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    restarted = None
+    try:
+        time.sleep(7)
+        # tritonserver itself dies (no clean shutdown: the cache is gone); `target serve` notices and exits
+        subprocess.run(["pkill", "-9", "-f", f"tritonserver .*--grpc-port {ports[1]} "], check=True)
+        assert server.process.wait(60) != 0
+        assert "tritonserver exited unexpectedly" in (tmp_path / "server1.log").read_text()
+        time.sleep(2)
+        restarted = start_server(compiled_repository, tmp_path / "server2.log", ports=ports)
+        out, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+        if restarted is not None:
+            assert stop_server(restarted) == 0
+    import json
+
+    report = json.loads((report_dir / "report.json").read_text())
+    (b,) = report["bins"]
+    assert b["failures"] > 0 and b["requests"] > 0  # failures counted, and the run went on
+    assert any("unavailable" in r.lower() or "connect" in r.lower() or "socket" in r.lower()
+               for r in report["errors"]), report["errors"]
+    assert sum(s["hits_lost"] for s in report["stages"]) > 0  # the loss of the cache is detected ...
+    assert "found less cached than predicted" in err  # ... and reported
+    assert run.returncode == 1  # failures without thresholds: Locust's error exit code, no crash
+    assert "Traceback" not in err
