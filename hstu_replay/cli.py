@@ -21,6 +21,7 @@ COMMAND_GROUPS: dict[str, str] = {
     "target": "hstu_replay.target.cli",
     "reference": "hstu_replay.reference.cli",
     "plan": "hstu_replay.plan.cli",
+    "capacity": "hstu_replay.capacity.cli",
 }
 
 

@@ -54,6 +54,7 @@ class LoadTestRuntime:
     _dumps = None
     records: RecordWriter | None = None
     ledger: CacheLedger | None = None
+    _clients: list = field(default_factory=list)
 
     def __post_init__(self):
         self.configure(self.config)
@@ -76,6 +77,16 @@ class LoadTestRuntime:
         if math.isnan(self.started_at):
             return None
         return self.schedule.at(time.monotonic() - self.started_at)
+
+    def open_client(self):
+        """A Triton client closed by `close()` at the latest: a gRPC channel left to the
+        interpreter's teardown can hang the process at exit."""
+        from hstu_replay.client.triton import TritonClient
+
+        client = TritonClient(self.config.client_options())
+        client.binding = self.binding
+        self._clients.append(client)
+        return client
 
     def new_user_index(self) -> int:
         return next(self._users)
@@ -168,6 +179,8 @@ class LoadTestRuntime:
                 self.stats.count_error(outcome.mismatch)
 
     def close(self) -> None:
+        while self._clients:
+            self._clients.pop().close()
         if self.records:
             self.records.close()
             self.records = None

@@ -8,7 +8,6 @@ import time
 import gevent
 from locust import User, constant, task
 
-from hstu_replay.client.triton import TritonClient
 from hstu_replay.errors import HstuReplayError
 from hstu_replay.loadtest.runtime import LoadTestRuntime, Outcome
 from hstu_replay.plan.arrivals import ArrivalClock
@@ -49,8 +48,7 @@ class HstuUser(User):
     def on_start(self):
         self.runtime: LoadTestRuntime = self.environment.hstu
         self.index = self.runtime.new_user_index()
-        self.client = TritonClient(self.runtime.config.client_options())
-        self.client.binding = self.runtime.binding
+        self.client = self.runtime.open_client()
         self.source = SOURCES[self.runtime.config.workload](self.runtime, self.index)
         self.rng = random.Random(self.runtime.config.seed * 7919 + self.index)
         self.clock = self._arrival_clock()

@@ -33,6 +33,7 @@ BUILD_JOBS = 2
 _BATCH_LINE = re.compile(
     r"(?P<name>batch_\d{6,}) max_abs_diff=(?P<max>\S+) mean_abs_diff=(?P<mean>\S+) rows=(?P<rows>\d+) "
     r"(?P<verdict>ok|FAIL)\b")
+_DIAGNOSTIC = re.compile(r"\b(fatal )?error: ")  # gcc, clang, collect2
 _ERROR_WORD = re.compile(r"\berror\b", re.IGNORECASE)
 # make's own "*** [target] Error 1" and CMake's closing line repeat an error, they never explain it.
 _ERROR_ECHO = re.compile(r"^(g?make(\[\d+\])?: \*\*\*|-- Configuring incomplete)")
@@ -147,21 +148,25 @@ def _run_logged(command: list[str], log: Path, step: str) -> None:
 
 
 def last_error_line(output: str) -> str:
-    """The line that says what went wrong: the last error a tool printed, not make's echo of it.
+    """The line that says what went wrong, not make's echo of it.
 
-    CMake puts its message on the lines after "CMake Error at file:line (command):"; that first
-    message line is appended.
+    In order: the last compiler diagnostic (`file:line:col: error: ...`); else CMake's first error
+    with the first sentence of its (indented, wrapped) message; else the last line naming an error.
     """
     lines = [line.strip() for line in output.splitlines()]
-    for index in range(len(lines) - 1, -1, -1):
-        line = lines[index]
-        if not _ERROR_WORD.search(line) or _ERROR_ECHO.match(line):
-            continue
-        if line.startswith("CMake Error") and line.endswith(":"):
-            detail = next((rest for rest in lines[index + 1:] if rest), "")
-            return f"{line} {detail}".strip()
-        return line
-    return next((line for line in reversed(lines) if line), "no output")
+    diagnostics = [line for line in lines if _DIAGNOSTIC.search(line)]
+    if diagnostics:
+        return diagnostics[-1]
+    for index, line in enumerate(lines):
+        if line.startswith("CMake Error"):
+            sentence: list[str] = []
+            for rest in lines[index + 1 : index + 12]:
+                sentence += [rest] if rest else []
+                if rest.endswith((".", ":")):
+                    break
+            return " ".join([line, *sentence])
+    mentions = [line for line in lines if _ERROR_WORD.search(line) and not _ERROR_ECHO.match(line)]
+    return (mentions or [line for line in lines if line] or ["no output"])[-1]
 
 
 def replay(package: str | Path, dump_dir: str | Path, tolerance: float = DEFAULT_TOLERANCE,

@@ -26,7 +26,8 @@ def distributed_run(tmp_path, server, store, kill_one_worker: bool = False):
     report = tmp_path / "report"
     common = ["--loglevel", "INFO", "--report-dir", str(report)]
     master_log = (tmp_path / "master.log").open("w")
-    master = start(["--master", "--headless", "--only-summary", "--expect-workers", "2", "--master-bind-host",
+    master = start(["--master", "--headless", "--only-summary", "--expect-workers", "2",
+                    "--expect-workers-max-wait", "90", "--master-bind-host",
                     "127.0.0.1", "--master-bind-port", str(port), "-u", "4", "-r", "4",
                     "--triton-url", server.grpc_url, "--workload", "sessions", "--store", str(store),
                     "--hit-ratios", "0,0.9", "--batch-sizes", "2", "--stage-seconds", "5", "--warmup-seconds", "1",
@@ -35,11 +36,14 @@ def distributed_run(tmp_path, server, store, kill_one_worker: bool = False):
                      (tmp_path / f"worker{i}.log").open("w")) for i in range(2)]
     try:
         if kill_one_worker:
-            time.sleep(8)  # both workers are sending by now (sweep: 12 s)
+            deadline = time.monotonic() + 90
+            while "Shape test starting" not in (tmp_path / "master.log").read_text() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            time.sleep(7)  # both workers are sending by now (sweep: 12 s)
             workers[1].send_signal(signal.SIGKILL)
-        code = master.wait(120)
+        code = master.wait(240)
         for w in workers:
-            w.wait(60)
+            w.wait(120)
     finally:
         for p in [master, *workers]:
             if p.poll() is None:

@@ -1,0 +1,6 @@
+"""Capacity planning: per hit ratio, step the load (users or offered rate) until an SLO breaks.
+
+`search` is the pure logic (SLO verdicts, sustainable throughput, knee, servers needed),
+`metrics` scrapes Triton's Prometheus endpoint, `driver` runs each step as a real headless
+Locust run, `report` writes capacity.json/csv/png/html, `cli` is `hstu-replay capacity run`.
+"""

@@ -1,0 +1,351 @@
+"""The capacity result on disk and on the terminal: capacity.json, capacity.csv, two PNGs and a
+self-contained capacity.html, all built from one dict (`capacity_dict`).
+
+Plots use matplotlib's Figure on an Agg canvas (no pyplot), and are skipped without matplotlib.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import hstu_replay
+from hstu_replay.capacity.driver import CapacityResult
+from hstu_replay.capacity.search import RatioResult, StepResult
+from hstu_replay.report import plots
+from hstu_replay.report.summary import NO_VALUE, format_table, jsonable
+from hstu_replay.report.writers import atomic_write, report_json
+
+JSON_NAME = "capacity.json"
+CSV_NAME = "capacity.csv"
+HTML_NAME = "capacity.html"
+THROUGHPUT_PNG = "capacity_throughput.png"
+P99_PNG = "capacity_p99.png"
+
+
+# -- the one dict everything reads ------------------------------------------------------------
+
+def _step(step: StepResult, out_dir: Path) -> dict:
+    m = step.measurement
+    report_dir = m.report_dir
+    if report_dir is not None:
+        try:
+            report_dir = str(Path(report_dir).resolve().relative_to(out_dir.resolve()))
+        except ValueError:
+            pass
+    return {
+        "load": m.load, "passed": step.passed, "breaches": list(step.breaches),
+        "requests": m.requests, "throughput_rps": m.throughput_rps, "logical_throughput": m.logical_throughput,
+        "requested_rps": m.requested_rps, "mean_ms": m.mean_ms, "p50_ms": m.p50_ms, "p99_ms": m.p99_ms,
+        "latency_basis": m.latency_basis, "error_ratio": m.error_ratio, "achieved_ratio": m.achieved_ratio,
+        "power": m.power, "server": m.server, "metrics": m.metrics, "errors": m.errors,
+        "report_dir": report_dir, "returncode": m.returncode,
+    }
+
+
+def _pick(step: StepResult | None, *keys: str) -> dict | None:
+    if step is None:
+        return None
+    m = step.measurement
+    return {"load": m.load, "passed": step.passed, **{k: getattr(m, k) for k in keys}}
+
+
+def _ratio(r: RatioResult, out_dir: Path) -> dict:
+    stopped = r.stopped_at
+    return {
+        "hit_ratio": r.hit_ratio,
+        "steps": [_step(s, out_dir) for s in r.steps],
+        "sustainable": _pick(r.sustainable, "throughput_rps", "logical_throughput", "p99_ms", "error_ratio"),
+        "knee": _pick(r.knee, "power", "throughput_rps", "logical_throughput", "mean_ms", "p99_ms"),
+        "servers_needed": r.servers_needed,
+        "stopped_at": None if stopped is None else stopped.load,
+    }
+
+
+def capacity_dict(result: CapacityResult) -> dict:
+    """What capacity.json holds (strict JSON: NaN written as null)."""
+    p = result.plan
+    return jsonable({
+        "tool": "hstu-replay", "version": hstu_replay.__version__, "created": result.created,
+        "model": p.model,
+        "slo": {"p99_ms": p.slo.p99_ms, "error_ratio": p.slo.error_ratio},
+        "load": {"kind": p.load_kind.name, "unit": p.load_kind.unit, "steps": list(p.loads),
+                 "rate_users": p.rate_users if p.load_kind.name == "rate" else None},
+        "batch_size": p.batch_size, "step_seconds": p.step_seconds, "warmup_seconds": p.warmup_seconds,
+        "step_timeout_s": p.step_timeout_s, "target_rps": p.target_rps,
+        "workload_args": list(p.workload_args), "locust_args": list(p.locust_args),
+        "metrics_url": p.metrics_url, "cache_metrics_url": p.cache_metrics_url,
+        "passed": not result.unsustainable, "unsustainable": result.unsustainable,
+        "ratios": [_ratio(r, p.out_dir) for r in result.ratios],
+    })
+
+
+# -- tables -----------------------------------------------------------------------------------
+
+def _f(value: Any, spec: str = ".1f") -> str:
+    return NO_VALUE if value is None else f"{value:{spec}}"
+
+
+def _load(value: Any) -> str:
+    return NO_VALUE if value is None else f"{value:g}"
+
+
+SUMMARY_HEADER = ["hit ratio", "sustainable", "req/s", "logical/s", "p99 ms", "knee", "servers", "stopped at"]
+
+
+def summary_table(data: dict) -> list[list[str]]:
+    """Header plus one row per hit ratio: sustainable load and throughput, knee, fleet size."""
+    rows = [list(SUMMARY_HEADER)]
+    for r in data["ratios"]:
+        s, k = r["sustainable"] or {}, r["knee"] or {}
+        rows.append([f"{r['hit_ratio']:.2f}", _load(s.get("load")), _f(s.get("throughput_rps")),
+                     _f(s.get("logical_throughput")), _f(s.get("p99_ms"), ".2f"),
+                     _load(k.get("load")) + ("" if not k or k["passed"] else " (breach)"),
+                     _f(r["servers_needed"], "d"), _load(r["stopped_at"])])
+    return rows
+
+
+STEPS_HEADER = ["hit ratio", "load", "req/s", "logical/s", "p50 ms", "p99 ms", "error ratio", "achieved",
+                "queue us", "compute us", "verdict"]
+
+
+def step_row(hit_ratio: float, step: dict) -> list[str]:
+    triton = (step.get("metrics") or {}).get("triton") or {}
+    verdict = "pass" if step["passed"] else "BREACH: " + "; ".join(step["breaches"])
+    return [f"{hit_ratio:.2f}", _load(step["load"]), _f(step["throughput_rps"]), _f(step["logical_throughput"]),
+            _f(step["p50_ms"], ".2f"), _f(step["p99_ms"], ".2f"), _f(step["error_ratio"], ".4f"),
+            _f(step["achieved_ratio"], ".3f"), _f(triton.get("mean_queue_us"), ".0f"),
+            _f(triton.get("mean_compute_us"), ".0f"), verdict]
+
+
+def steps_table(data: dict) -> list[list[str]]:
+    return [list(STEPS_HEADER)] + [step_row(r["hit_ratio"], s) for r in data["ratios"] for s in r["steps"]]
+
+
+def step_line(hit_ratio: float, step: StepResult, out_dir: Path) -> str:
+    """One progress line for a finished step."""
+    return "  ".join(c for c in step_row(hit_ratio, _step(step, out_dir)))
+
+
+# -- CSV --------------------------------------------------------------------------------------
+
+STEP_FIELDS = ["load", "passed", "requests", "throughput_rps", "logical_throughput", "requested_rps", "mean_ms",
+               "p50_ms", "p99_ms", "latency_basis", "error_ratio", "achieved_ratio", "power", "returncode",
+               "report_dir"]
+
+
+def _flat(prefix: str, mapping: dict | None) -> dict:
+    return {f"{prefix}_{k}": v for k, v in (mapping or {}).items()}
+
+
+def capacity_csv(data: dict) -> str:
+    """One row per step, with its ratio's verdicts and the server figures as server_/triton_/cache_ columns."""
+    rows = []
+    for r in data["ratios"]:
+        best, knee = (r["sustainable"] or {}).get("load"), (r["knee"] or {}).get("load")
+        for s in r["steps"]:
+            m = s.get("metrics") or {}
+            rows.append({"hit_ratio": r["hit_ratio"], **{k: s[k] for k in STEP_FIELDS},
+                         "breaches": "; ".join(s["breaches"]), "sustainable": s["load"] == best,
+                         "knee": s["load"] == knee, "servers_needed": r["servers_needed"],
+                         **_flat("server", s.get("server")), **_flat("triton", m.get("triton")),
+                         **_flat("cache", m.get("cache"))})
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(columns)
+    for row in rows:
+        w.writerow(["" if row.get(c) is None else row.get(c) for c in columns])
+    return buf.getvalue()
+
+
+# -- plots ------------------------------------------------------------------------------------
+
+def _series(data: dict, key: str) -> list[tuple[float, list[tuple[float, float, bool]]]]:
+    """Per hit ratio: (load, value, passed) of every step with a value."""
+    return [(r["hit_ratio"], [(s["load"], s[key], s["passed"]) for s in r["steps"] if s[key] is not None])
+            for r in data["ratios"]]
+
+
+def _plot(data: dict, key: str, title: str, ylabel: str, decorate: Callable[[Any], None]) -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import NullLocator
+
+    fig = Figure(figsize=(7.0, 4.0), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.set_title(title)
+    ax.set_xlabel(f"load ({data['load']['unit']})")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    loads = [x for x in data["load"]["steps"] if x > 0]
+    if loads and max(loads) / min(loads) >= 8:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(loads, labels=[f"{x:g}" for x in loads])
+    ax.xaxis.set_minor_locator(NullLocator())
+    drawn = False
+    for i, (ratio, points) in enumerate(_series(data, key)):
+        if not points:
+            continue
+        color = f"C{i % 10}"
+        ax.plot([x for x, _, _ in points], [y for _, y, _ in points], color=color, marker="o",
+                label=f"hit ratio {ratio:.2f}")
+        breached = [(x, y) for x, y, ok in points if not ok]
+        if breached:
+            ax.plot(*zip(*breached), linestyle="none", marker="X", markersize=11, color=color)
+        drawn = True
+    decorate(ax)
+    if drawn:
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return buf.getvalue()
+
+
+def throughput_plot(data: dict) -> bytes:
+    def decorate(ax):
+        if data["load"]["kind"] == "rate":  # what was offered, to compare against what was carried
+            steps = data["load"]["steps"]
+            ax.plot(steps, steps, color="grey", linestyle="--", linewidth=1, label="offered")
+        ax.set_ylim(bottom=0)
+
+    return _plot(data, "throughput_rps", "Throughput vs load (X: SLO breached)", "requests / s", decorate)
+
+
+def p99_plot(data: dict) -> bytes:
+    slo = data["slo"]["p99_ms"]
+
+    def decorate(ax):
+        ax.axhline(slo, color="red", linestyle="--", linewidth=1, label=f"SLO p99 {slo:g} ms")
+        from matplotlib.ticker import FuncFormatter
+
+        ax.set_yscale("log")  # latency past the knee grows by orders of magnitude
+        plain = FuncFormatter(lambda value, _: f"{value:g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+
+    return _plot(data, "p99_ms", "p99 latency vs load (X: SLO breached)", "p99 latency (ms)", decorate)
+
+
+PLOTS: dict[str, Callable[[dict], bytes]] = {THROUGHPUT_PNG: throughput_plot, P99_PNG: p99_plot}
+
+
+def render_plots(data: dict) -> dict[str, bytes]:
+    """File name -> PNG; empty without matplotlib."""
+    return {name: draw(data) for name, draw in PLOTS.items()} if plots.available() else {}
+
+
+# -- HTML -------------------------------------------------------------------------------------
+
+_CSS = """
+body { font: 14px/1.4 system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
+table { border-collapse: collapse; margin: .5em 0; }
+th, td { border: 1px solid #ccc; padding: .2em .6em; text-align: right; }
+th { background: #f2f2f2; } td.text { text-align: left; }
+.verdict { padding: .6em 1em; border-radius: 4px; font-weight: bold; }
+.pass { background: #e3f6e3; color: #185c18; } .fail { background: #fbe4e4; color: #8a1414; }
+img { display: block; margin: .8em 0; max-width: 100%; } .meta { color: #666; }
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(NO_VALUE if value is None else str(value), quote=True)
+
+
+def _html_table(rows: list[list[Any]], text_cols: int = 1, text_last: bool = False) -> str:
+    """Header row then body rows; the first `text_cols` (and, with text_last, the last) are text."""
+
+    def cell(i: int, n: int, value: Any) -> str:
+        text = i < text_cols or (text_last and i == n - 1)
+        return f'<td class="text">{_e(value)}</td>' if text else f"<td>{_e(value)}</td>"
+
+    head = "".join(f"<th>{_e(h)}</th>" for h in rows[0])
+    body = "".join("<tr>" + "".join(cell(i, len(row), c) for i, c in enumerate(row)) + "</tr>" for row in rows[1:])
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _metrics_rows(data: dict) -> list[list[Any]]:
+    keys: list[str] = []
+    for r in data["ratios"]:
+        for s in r["steps"]:
+            for group, figures in (s.get("metrics") or {}).items():
+                keys += [f"{group}.{k}" for k in figures if f"{group}.{k}" not in keys]
+    rows: list[list[Any]] = [["hit ratio", "load", *keys]]
+    for r in data["ratios"]:
+        for s in r["steps"]:
+            m = s.get("metrics") or {}
+            cells = []
+            for key in keys:
+                group, name = key.split(".", 1)
+                value = (m.get(group) or {}).get(name)
+                cells.append(f"{value:.4g}" if isinstance(value, float) else value)
+            rows.append([f"{r['hit_ratio']:.2f}", _load(s["load"]), *cells])
+    return rows
+
+
+def render_html(data: dict, pngs: dict[str, bytes]) -> str:
+    failed = data["unsustainable"]
+    verdict = (f'<p class="verdict fail">No step met the SLO at hit ratio '
+               f'{_e(", ".join(f"{r:.2f}" for r in failed))}</p>' if failed
+               else '<p class="verdict pass">Every hit ratio has a sustainable step</p>')
+    settings = [["", "value"], ["model", data["model"]], ["SLO p99 (ms)", data["slo"]["p99_ms"]],
+                ["SLO error ratio", data["slo"]["error_ratio"]], ["load", data["load"]["unit"]],
+                ["load steps", ", ".join(_load(x) for x in data["load"]["steps"])],
+                ["batch size", data["batch_size"]], ["step seconds", data["step_seconds"]],
+                ["warm-up seconds", data["warmup_seconds"]], ["target logical requests/s", data["target_rps"]],
+                ["workload", " ".join(data["workload_args"])], ["Locust arguments", " ".join(data["locust_args"])]]
+    images = "".join(f'<img alt="{_e(n)}" src="data:image/png;base64,{base64.b64encode(b).decode("ascii")}">'
+                     for n, b in pngs.items())
+    metrics_rows = _metrics_rows(data)
+    sections = [
+        f"<h1>{_e('hstu-replay capacity: ' + str(data['model']))}</h1>",
+        f'<p class="meta">{_e(data["tool"])} {_e(data["version"])}, created {_e(data["created"])}</p>',
+        verdict,
+        "<h2>Settings</h2>", _html_table(settings, text_cols=2),
+        "<h2>Capacity per hit ratio</h2>",
+        "<p>Sustainable: the SLO-passing step of highest throughput. Knee: the step of highest power "
+        "(throughput / mean latency). Servers: ceil(target / sustainable logical throughput).</p>",
+        _html_table(summary_table(data)),
+        images or "<p>Plots unavailable (matplotlib not installed).</p>",
+        "<h2>Steps</h2>", _html_table(steps_table(data), text_last=True),
+        "<h2>Server metrics per step (Prometheus deltas)</h2>",
+        _html_table(metrics_rows) if len(metrics_rows[0]) > 2 else "<p>No metrics endpoint was scraped.</p>",
+    ]
+    title = _e(f"hstu-replay capacity: {data['model']}")
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
+            f"<style>{_CSS}</style></head>\n<body>\n" + "\n".join(sections) + "\n</body></html>\n")
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+def write_capacity(result: CapacityResult) -> dict[str, Path]:
+    """Write every file into the plan's out dir; format -> path (PNG: the throughput plot)."""
+    out = Path(result.plan.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = capacity_dict(result)
+    pngs = render_plots(data)
+    written = {"json": atomic_write(out / JSON_NAME, report_json(data)),
+               "csv": atomic_write(out / CSV_NAME, capacity_csv(data).encode())}
+    for name, png in pngs.items():
+        atomic_write(out / name, png)
+    if pngs:
+        written["png"] = out / THROUGHPUT_PNG
+    written["html"] = atomic_write(out / HTML_NAME, render_html(data, pngs).encode())
+    return written
+
+
+def format_summary(data: dict) -> str:
+    return format_table(summary_table(data))
+

@@ -1,0 +1,151 @@
+"""The capacity search, as pure logic: judge a step against the SLO, step until it breaks,
+and read the sustainable throughput, the knee and the fleet size off the steps.
+
+Nothing here runs Locust or talks to a server: `step_until_breach` takes the function that
+measures one step, so the search is tested with hand-worked numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+#: slack for float noise in ceil(target / throughput): 100 / 25.000000000000004 must stay 4
+_CEIL_SLACK = 1e-9
+
+
+@dataclass(frozen=True)
+class Slo:
+    """The service-level objective every step is judged against."""
+
+    p99_ms: float
+    error_ratio: float = 0.01
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one step's report says (the single bin of a one-stage Locust run).
+
+    `mean_ms`/`p50_ms`/`p99_ms` are the latencies judged: for open loop, from the intended send
+    time (`latency_basis` "intended"), else from the actual send ("sent"). None: not measured.
+    """
+
+    load: float
+    requests: int = 0
+    throughput_rps: float | None = None
+    logical_throughput: float | None = None
+    mean_ms: float | None = None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    error_ratio: float | None = None
+    achieved_ratio: float | None = None
+    latency_basis: str = "sent"
+    requested_rps: float | None = None
+    server: dict | None = None  # the report's Triton statistics split of the measured window
+    metrics: dict | None = None  # Prometheus deltas over the whole step (capacity.metrics)
+    errors: dict | None = None  # the report's most frequent error reasons -> count
+    report_dir: str | None = None
+    returncode: int | None = None
+    problem: str | None = None  # why the step has no figures (timed out, no report, ...)
+
+    @property
+    def power(self) -> float | None:
+        """Throughput over mean latency, requests/s per second of latency (Kleinrock's power)."""
+        if self.throughput_rps is None or not self.mean_ms or self.mean_ms <= 0:
+            return None
+        return self.throughput_rps / (self.mean_ms / 1e3)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    measurement: Measurement
+    breaches: tuple[str, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return not self.breaches
+
+    @property
+    def load(self) -> float:
+        return self.measurement.load
+
+
+def breaches(m: Measurement, slo: Slo) -> tuple[str, ...]:
+    """Every way `m` misses the SLO, one phrase each; empty when it meets it."""
+    if m.problem:
+        return (m.problem,)
+    if not m.requests or m.p99_ms is None:
+        return ("no request was measured",)
+    out = []
+    if m.p99_ms > slo.p99_ms:
+        out.append(f"p99 {m.p99_ms:.3f} ms > {slo.p99_ms:g} ms")
+    if m.error_ratio is not None and m.error_ratio > slo.error_ratio:
+        out.append(f"error ratio {m.error_ratio:.4f} > {slo.error_ratio:g}")
+    return tuple(out)
+
+
+def judge(m: Measurement, slo: Slo) -> StepResult:
+    return StepResult(m, breaches(m, slo))
+
+
+def step_until_breach(loads: Iterable[float], measure: Callable[[float], Measurement], slo: Slo,
+                      on_step: Callable[[StepResult], None] | None = None) -> list[StepResult]:
+    """Measure each load in order; the first step that breaks the SLO is kept and ends the search.
+
+    Bounded by len(loads): every load is measured at most once.
+    """
+    steps: list[StepResult] = []
+    for load in loads:
+        step = judge(measure(load), slo)
+        steps.append(step)
+        if on_step is not None:
+            on_step(step)
+        if not step.passed:
+            break
+    return steps
+
+
+def sustainable(steps: Sequence[StepResult]) -> StepResult | None:
+    """The SLO-passing step with the highest logical throughput; None when no step passed."""
+    passing = [s for s in steps if s.passed and s.measurement.logical_throughput is not None]
+    return max(passing, key=lambda s: s.measurement.logical_throughput, default=None)
+
+
+def knee(steps: Sequence[StepResult]) -> StepResult | None:
+    """The step of maximum power (throughput / mean latency) among every measured step.
+
+    Beyond the knee, extra load buys less throughput than it costs in latency. It is taken over
+    all steps, the breaching one included, so it can lie past the SLO: the step says so.
+    """
+    powered = [s for s in steps if s.measurement.power is not None]
+    return max(powered, key=lambda s: s.measurement.power, default=None)
+
+
+def servers_needed(target_rps: float | None, sustainable_logical_rps: float | None) -> int | None:
+    """ceil(target / sustainable throughput per server); None without a target or a passing step."""
+    if target_rps is None or sustainable_logical_rps is None or not sustainable_logical_rps > 0:
+        return None
+    return max(1, math.ceil(target_rps / sustainable_logical_rps - _CEIL_SLACK))
+
+
+@dataclass(frozen=True)
+class RatioResult:
+    """The search at one hit ratio."""
+
+    hit_ratio: float
+    steps: tuple[StepResult, ...]
+    sustainable: StepResult | None = field(default=None)
+    knee: StepResult | None = field(default=None)
+    servers_needed: int | None = None
+
+    @property
+    def stopped_at(self) -> StepResult | None:
+        """The step that broke the SLO (None when every load passed)."""
+        return next((s for s in self.steps if not s.passed), None)
+
+
+def summarize(hit_ratio: float, steps: Sequence[StepResult], target_rps: float | None) -> RatioResult:
+    best = sustainable(steps)
+    logical = best.measurement.logical_throughput if best else None
+    return RatioResult(hit_ratio, tuple(steps), best, knee(steps), servers_needed(target_rps, logical))

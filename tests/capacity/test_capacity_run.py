@@ -1,0 +1,196 @@
+"""`hstu-replay capacity run`: options, step command lines, the written result, and real runs
+against the real tritonserver (marked integration)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hstu_replay.capacity import report as capacity_report
+from hstu_replay.capacity.cli import plan_from_args
+from hstu_replay.capacity.driver import LOAD_KINDS, CapacityPlan, locust_command, measurement_from_report, run_capacity
+from hstu_replay.capacity.search import Measurement, Slo
+from hstu_replay.cli import build_parser, main
+from hstu_replay.report import plots
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def parse(*argv: str):
+    return plan_from_args(build_parser().parse_args(["capacity", "run", *argv]))
+
+
+# -- options ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, message", [
+    (["--users-steps", "1,2"], "--slo-p99-ms is required"),
+    (["--slo-p99-ms", "50"], "give exactly one of --users-steps or --rate-steps"),
+    (["--slo-p99-ms", "50", "--users-steps", "1", "--rate-steps", "5"], "exactly one"),
+    (["--slo-p99-ms", "50", "--users-steps", "2,1"], "steps must ascend"),
+    (["--slo-p99-ms", "50", "--users-steps", "1,1.5"], "whole number"),
+    (["--slo-p99-ms", "50", "--rate-steps", "5,,10"], "comma-separated"),
+    (["--slo-p99-ms", "0", "--users-steps", "1"], "--slo-p99-ms '0': must be > 0"),
+    (["--slo-p99-ms", "x", "--users-steps", "1"], "expected a number"),
+    (["--slo-p99-ms", "50", "--users-steps", "1", "--hit-ratios", "0,1.5"], "0..1"),
+    (["--slo-p99-ms", "50", "--users-steps", "1", "--batch-size", "9"], "1..8"),
+    (["--slo-p99-ms", "50", "--users-steps", "1", "--slo-error-ratio", "2"], "0..1"),
+    (["--slo-p99-ms", "50", "--users-steps", "1", "--workload", "dumps"], "needs --dump-dir"),
+    (["--slo-p99-ms", "50", "--users-steps", "1", "--locust-args", "--hit-ratios 0.5"], "set by capacity run"),
+    (["--slo-p99-ms", "50", "--users-steps", "1", "--locust-args", "--tags 'a"], "--locust-args"),
+    (["--slo-p99-ms", "50", "--users-steps", "1", "--step-timeout", "5"], "must exceed"),
+    (["--slo-p99-ms", "50", "--users-steps", "1", "--metrics-url", "ftp://x"], "metrics address"),
+])
+def test_bad_options_are_one_line_and_exit_2(argv, message, capsys):
+    code = main(["capacity", "run", "--store", "s", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("hstu-replay: error:") and message in err[0], err
+
+
+def test_plan_and_step_command_closed_loop(tmp_path):
+    plan = parse("--slo-p99-ms", "50", "--users-steps", "1,2,4", "--hit-ratios", "0,1", "--workload", "dumps",
+                 "--dump-dir", "d", "--triton-url", "h:1", "--max-history", "256", "--batch-size", "2",
+                 "--locust-args", "--master --expect-workers 2", "--metrics-url", "h:8002", "--out", str(tmp_path))
+    assert plan.load_kind is LOAD_KINDS["users"] and plan.loads == (1, 2, 4)
+    assert plan.slo == Slo(50.0, 0.01) and plan.step_timeout_s == 132.0
+    assert plan.metrics_url == "http://h:8002/metrics"
+    assert plan.step_dir(1.0, 4) == tmp_path / "steps" / "h1.00_u4"
+    cmd = locust_command(plan, 1.0, 4, plan.step_dir(1.0, 4))
+    assert cmd[:3] == [sys.executable, "-m", "locust"] and cmd[4].endswith("locustfiles/hstu.py")
+    text = " ".join(cmd)
+    for part in ("--headless --only-summary", "-u 4 -r 4", "--hit-ratios 1 ", "--batch-sizes 2",
+                 "--stage-seconds 10 --warmup-seconds 2", "--workload dumps --dump-dir d --triton-url h:1",
+                 "--max-history 256", "--master --expect-workers 2"):
+        assert part in text, part
+    assert "--arrival" not in text and "--store" not in text
+
+
+def test_step_command_open_loop():
+    plan = parse("--slo-p99-ms", "50", "--rate-steps", "5,10.5", "--rate-users", "3", "--store", "s")
+    assert plan.load_kind is LOAD_KINDS["rate"] and plan.loads == (5.0, 10.5)
+    text = " ".join(locust_command(plan, 0.5, 10.5, Path("x")))
+    assert "-u 3 -r 3 --arrival poisson --request-rate 10.5" in text and "--workload sessions --store s" in text
+    assert plan.step_name(0.5, 10.5) == "h0.50_r10.5"
+
+
+BIN_CLOSED = {"requests": 50, "logical_requests": 100, "throughput_rps": 10.0, "logical_throughput": 20.0,
+              "mean_ms": 40.0, "p50_ms": 35.0, "p99_ms": 90.0, "error_ratio": 0.0, "achieved_ratio": 0.5,
+              "requested_rps": None, "corrected_mean_ms": None, "corrected_p50_ms": None, "corrected_p99_ms": None,
+              "server": {"queue_ms": 1.0}}
+
+
+def test_measurement_from_a_report():
+    closed = measurement_from_report({"bins": [BIN_CLOSED], "errors": {"timeout": 2}}, 4)
+    assert (closed.load, closed.p99_ms, closed.latency_basis, closed.logical_throughput) == (4, 90.0, "sent", 20.0)
+    assert closed.errors == {"timeout": 2} and closed.server == {"queue_ms": 1.0}
+    opened = measurement_from_report({"bins": [dict(BIN_CLOSED, requested_rps=20.0, corrected_mean_ms=400.0,
+                                                    corrected_p50_ms=300.0, corrected_p99_ms=900.0)]}, 20.0)
+    assert (opened.mean_ms, opened.p50_ms, opened.p99_ms, opened.latency_basis) == (400.0, 300.0, 900.0, "intended")
+    assert measurement_from_report({"bins": []}, 1).problem == "the report has no measured bin"
+
+
+# -- the written result, from scripted steps --------------------------------------------------
+
+def scripted(curve: dict[tuple[float, float], tuple[float, float, float]]):
+    """A step runner reading (req/s, mean ms, p99 ms) per (ratio, load) from `curve`."""
+    def run(plan: CapacityPlan, ratio: float, load: float) -> Measurement:
+        rps, mean, p99 = curve[(ratio, load)]
+        return Measurement(load=load, requests=int(rps * plan.step_seconds), throughput_rps=rps,
+                           logical_throughput=rps, mean_ms=mean, p50_ms=mean, p99_ms=p99, error_ratio=0.0,
+                           achieved_ratio=ratio, metrics={"triton": {"request_success": 10, "mean_queue_us": 5.0}},
+                           report_dir=str(plan.step_dir(ratio, load)))
+    return run
+
+
+def test_result_files_from_scripted_steps(tmp_path):
+    plan = parse("--slo-p99-ms", "100", "--users-steps", "1,2,4", "--hit-ratios", "0,1", "--target-rps", "100",
+                 "--store", "s", "--triton-model", "<b>&model", "--out", str(tmp_path))
+    curve = {(0.0, 1): (10, 50, 120), (0.0, 2): (12, 80, 150),
+             (1.0, 1): (20, 40, 60), (1.0, 2): (36, 45, 80), (1.0, 4): (40, 90, 130)}
+    result = run_capacity(plan, scripted(curve))
+    assert result.unsustainable == [0.0]
+    written = capacity_report.write_capacity(result)
+    data = json.loads((tmp_path / "capacity.json").read_text())
+    assert data["passed"] is False and data["unsustainable"] == [0.0]
+    assert data["slo"] == {"p99_ms": 100.0, "error_ratio": 0.01} and data["load"]["kind"] == "users"
+    zero, one = data["ratios"]
+    assert [s["load"] for s in zero["steps"]] == [1] and zero["sustainable"] is None
+    assert zero["servers_needed"] is None and zero["stopped_at"] == 1
+    assert [s["passed"] for s in one["steps"]] == [True, True, False]
+    assert one["sustainable"]["load"] == 2 and one["sustainable"]["logical_throughput"] == 36
+    assert one["knee"]["load"] == 2 and one["knee"]["power"] == pytest.approx(36 / 0.045)
+    assert one["servers_needed"] == 3  # ceil(100 / 36)
+    assert one["steps"][0]["report_dir"] == "steps/h1.00_u1"
+    assert one["steps"][2]["breaches"] == ["p99 130.000 ms > 100 ms"]
+    rows = list(csv.DictReader((tmp_path / "capacity.csv").open()))
+    assert len(rows) == 4 and rows[2]["sustainable"] == "True" and rows[2]["triton_mean_queue_us"] == "5.0"
+    page = written["html"].read_text()
+    assert "<b>&model" not in page and "&lt;b&gt;&amp;model" in page
+    table = capacity_report.format_summary(data)
+    assert table.splitlines()[0].split()[:2] == ["hit", "ratio"] and "1.00" in table
+    if plots.available():
+        assert (tmp_path / "capacity_p99.png").read_bytes()[:4] == b"\x89PNG"
+        assert page.count("data:image/png;base64,") == 2
+
+
+# -- real runs (integration) ------------------------------------------------------------------
+
+def capacity(out: Path, server, dumps, *args: str, timeout: float = 150.0) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / "hstu-replay"), "capacity", "run", "--workload", "dumps", "--dump-dir", str(dumps),
+         "--triton-url", server.grpc_url, "--max-history", "256", "--step-seconds", "4", "--warmup-seconds", "1",
+         "--step-timeout", "60", "--out", str(out), *args],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+
+
+@pytest.mark.integration
+def test_a_real_capacity_run(triton_server, reference_dumps, tmp_path):
+    result = capacity(tmp_path, triton_server, reference_dumps, "--hit-ratios", "0,1.0", "--users-steps", "1,2",
+                      "--slo-p99-ms", "60000", "--target-rps", "100",
+                      "--metrics-url", f"127.0.0.1:{triton_server.metrics_port}",
+                      "--cache-metrics-url", f"127.0.0.1:{triton_server.cache_metrics_port}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    data = json.loads((tmp_path / "capacity.json").read_text())
+    assert data["passed"] is True
+    for ratio in data["ratios"]:
+        assert [s["load"] for s in ratio["steps"]] == [1, 2]
+        for step in ratio["steps"]:
+            assert step["passed"] and step["requests"] > 0 and step["throughput_rps"] > 0
+            assert abs(step["achieved_ratio"] - ratio["hit_ratio"]) <= 0.02
+            assert step["latency_basis"] == "sent"
+            triton = step["metrics"]["triton"]
+            assert triton["request_success"] >= step["requests"]  # primes and warm-up count too
+            assert triton["mean_compute_infer_us"] > 0 and "cpu_utilization" in triton
+            assert (tmp_path / step["report_dir"] / "report.json").is_file()
+        best = ratio["sustainable"]
+        assert best["load"] in (1, 2) and ratio["knee"] is not None
+        assert ratio["servers_needed"] == math.ceil(100 / best["logical_throughput"])
+    zero, one = data["ratios"]
+    assert one["steps"][0]["metrics"]["cache"]["hit_tokens"] > 0
+    assert zero["steps"][0]["metrics"]["cache"]["hit_tokens"] == 0
+    assert len(list(csv.DictReader((tmp_path / "capacity.csv").open()))) == 4
+    assert (tmp_path / "capacity.html").is_file()
+    assert "servers" in result.stdout and "capacity written to" in result.stdout
+
+
+@pytest.mark.integration
+def test_an_slo_no_step_meets_exits_3_in_one_line(triton_server, reference_dumps, tmp_path):
+    result = capacity(tmp_path, triton_server, reference_dumps, "--hit-ratios", "0", "--users-steps", "1,2",
+                      "--slo-p99-ms", "0.001")
+    assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hstu-replay: FAIL: no step met the SLO at hit ratio 0.00")
+    assert "> 0.001 ms" in lines[0]
+    data = json.loads((tmp_path / "capacity.json").read_text())
+    (ratio,) = data["ratios"]
+    assert [s["load"] for s in ratio["steps"]] == [1]  # stepping stopped at the first breach
+    assert ratio["sustainable"] is None and ratio["servers_needed"] is None
