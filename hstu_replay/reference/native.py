@@ -194,7 +194,7 @@ def replay(package: str | Path, dump_dir: str | Path, tolerance: float = DEFAULT
     return ReplayResult(batches, proc.returncode == 0, proc.returncode, proc.stdout)
 
 
-def _failure_line(proc: subprocess.CompletedProcess) -> str:
+def _failure_line(proc: subprocess.CompletedProcess[str]) -> str:
     if proc.returncode < 0:
         return f"{BINARY_NAME} was killed by signal {-proc.returncode}"
     lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
