@@ -34,7 +34,8 @@ def add_commands(groups) -> None:
     run = actions.add_parser("run", help="step the load per hit ratio until the SLO breaks; size the fleet",
                              description=__doc__.splitlines()[0])
     opt = run.add_argument
-    opt("--hit-ratios", default="0,0.5,1.0", help="target KV-cache hit ratios, searched one by one (default %(default)s)")
+    opt("--hit-ratios", default="0,0.5,1.0",
+        help="target KV-cache hit ratios, searched one by one (default %(default)s)")
     opt("--users-steps", metavar="N,N,...", help="closed loop: concurrent users per step, ascending")
     opt("--rate-steps", metavar="R,R,...", help="open loop (Poisson): offered requests/s per step, ascending")
     opt("--rate-users", default="8", help="users sending the open-loop rate steps (default %(default)s)")
@@ -53,7 +54,8 @@ def add_commands(groups) -> None:
     opt("--triton-model", default="hstu_gr_ranking_kvcache", help="model (default %(default)s)")
     opt("--max-history", help="longest history sent, in items")
     opt("--candidates", help="candidates ranked per user (sessions)")
-    opt("--locust-args", default="", help='more Locust arguments for every step, e.g. --locust-args="--master --expect-workers 2"')
+    opt("--locust-args", default="",
+        help='more Locust arguments for every step, e.g. --locust-args="--master --expect-workers 2"')
     opt("--metrics-url", help="Triton's Prometheus endpoint, e.g. 127.0.0.1:8002: per-step queue/compute deltas")
     opt("--cache-metrics-url", help="our target's KV-cache counters, e.g. 127.0.0.1:8003")
     opt("--out", default="runs/capacity", help="output directory (default %(default)s)")

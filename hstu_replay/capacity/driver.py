@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -130,15 +131,13 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def _wait(proc: subprocess.Popen, timeout_s: float, sample: Callable[[], None] | None) -> bool:
     """Wait for the step, sampling gauges every GAUGE_PERIOD_S; True when it ran past timeout_s."""
-    waited = 0.0
-    while waited < timeout_s:
-        period = min(GAUGE_PERIOD_S, timeout_s - waited)
+    deadline = time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0:
         try:
-            proc.wait(period)
+            proc.wait(min(GAUGE_PERIOD_S, left))
             return False
         except subprocess.TimeoutExpired:
-            waited += period
-            if sample is not None:
+            if sample is not None and deadline - time.monotonic() > 0:
                 sample()
     _stop(proc)
     return True

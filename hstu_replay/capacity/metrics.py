@@ -190,7 +190,8 @@ def cache_delta(before: Scrape, after: Scrape) -> dict:
         d = _delta(before, after, name, {})
         out[key] = None if d is None else int(d)
     hit, computed = out["hit_tokens"], out["computed_tokens"]
-    out["token_hit_ratio"] = hit / (hit + computed) if hit is not None and computed is not None and hit + computed else None
+    known = hit is not None and computed is not None and hit + computed > 0
+    out["token_hit_ratio"] = hit / (hit + computed) if known else None
     for key, name in CACHE_GAUGES.items():
         out[key] = after.total(name)
     return out

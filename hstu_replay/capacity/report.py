@@ -10,6 +10,7 @@ import base64
 import csv
 import html
 import io
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -223,6 +224,14 @@ def throughput_plot(data: dict) -> bytes:
     return _plot(data, "throughput_rps", "Throughput vs load (X: SLO breached)", "requests / s", decorate)
 
 
+def _two_and_five(value: float, _position: Any) -> str:
+    """Minor log ticks: label only 2x and 5x a power of ten, so decades never crowd."""
+    if value <= 0:
+        return ""
+    mantissa = value / 10 ** math.floor(math.log10(value))
+    return f"{value:g}" if any(math.isclose(mantissa, m, rel_tol=1e-6) for m in (2.0, 5.0)) else ""
+
+
 def p99_plot(data: dict) -> bytes:
     slo = data["slo"]["p99_ms"]
 
@@ -231,9 +240,8 @@ def p99_plot(data: dict) -> bytes:
         from matplotlib.ticker import FuncFormatter
 
         ax.set_yscale("log")  # latency past the knee grows by orders of magnitude
-        plain = FuncFormatter(lambda value, _: f"{value:g}")
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plain)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(_two_and_five))
 
     return _plot(data, "p99_ms", "p99 latency vs load (X: SLO breached)", "p99 latency (ms)", decorate)
 
@@ -290,7 +298,9 @@ def _metrics_rows(data: dict) -> list[list[Any]]:
             for key in keys:
                 group, name = key.split(".", 1)
                 value = (m.get(group) or {}).get(name)
-                cells.append(f"{value:.4g}" if isinstance(value, float) else value)
+                if isinstance(value, float):
+                    value = f"{value:.1f}" if abs(value) >= 1 else f"{value:.3g}"
+                cells.append(value)
             rows.append([f"{r['hit_ratio']:.2f}", _load(s["load"]), *cells])
     return rows
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 #: slack for float noise in ceil(target / throughput): 100 / 25.000000000000004 must stay 4
 _CEIL_SLACK = 1e-9
@@ -135,8 +135,8 @@ class RatioResult:
 
     hit_ratio: float
     steps: tuple[StepResult, ...]
-    sustainable: StepResult | None = field(default=None)
-    knee: StepResult | None = field(default=None)
+    sustainable: StepResult | None = None
+    knee: StepResult | None = None
     servers_needed: int | None = None
 
     @property

@@ -39,19 +39,29 @@ def split(before: dict, after: dict) -> dict[str, float]:
 def watch(environment) -> None:
     runtime = environment.hstu
     model = runtime.config.triton_model
+    client = TritonClient(runtime.config.client_options())
+    pending: dict = {}  # the stage whose window is open, and the snapshot taken when it opened
+
+    def close_window() -> None:
+        if pending:
+            after = _snapshot(client, model)
+            if pending["before"] and after:
+                runtime.server_stages[pending["stage"].key.name()] = split(pending["before"], after)
+            pending.clear()
 
     def run():
-        client = TritonClient(runtime.config.client_options())
-        try:
-            for stage in runtime.schedule.stages:
-                gevent.sleep(max(0.0, runtime.started_at + stage.start_s + stage.warmup_s - time.monotonic()))
-                before = _snapshot(client, model)
-                gevent.sleep(max(0.0, runtime.started_at + stage.end_s - time.monotonic()))
-                after = _snapshot(client, model)
-                if before and after:
-                    runtime.server_stages[stage.key.name()] = split(before, after)
-        finally:
-            client.close()
+        for stage in runtime.schedule.stages:
+            gevent.sleep(max(0.0, runtime.started_at + stage.start_s + stage.warmup_s - time.monotonic()))
+            pending.update(stage=stage, before=_snapshot(client, model))
+            gevent.sleep(max(0.0, runtime.started_at + stage.end_s - time.monotonic()))
+            close_window()
 
     greenlet = gevent.spawn(run)
-    environment.events.test_stop.add_listener(lambda **_: greenlet.kill(block=False))
+
+    def stop(**_):
+        greenlet.kill(block=True)
+        close_window()  # a run stopped at (or before) the end of its last stage still gets its split
+        client.close()
+        environment.events.test_stop.remove_listener(stop)
+
+    environment.events.test_stop.add_listener(stop)

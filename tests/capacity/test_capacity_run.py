@@ -194,3 +194,18 @@ def test_an_slo_no_step_meets_exits_3_in_one_line(triton_server, reference_dumps
     (ratio,) = data["ratios"]
     assert [s["load"] for s in ratio["steps"]] == [1]  # stepping stopped at the first breach
     assert ratio["sustainable"] is None and ratio["servers_needed"] is None
+
+
+@pytest.mark.integration
+def test_a_step_that_never_ends_is_stopped_at_its_timeout(triton_server, reference_dumps, tmp_path):
+    from tests.conftest import free_ports
+
+    (port,) = free_ports(1)
+    locust_args = f"--master --expect-workers 1 --master-bind-host 127.0.0.1 --master-bind-port {port}"
+    result = capacity(tmp_path, triton_server, reference_dumps, "--hit-ratios", "0", "--users-steps", "1,2",
+                      "--slo-p99-ms", "60000", "--step-timeout", "8", f"--locust-args={locust_args}")
+    assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "timed out after 8 s" in result.stderr
+    (ratio,) = json.loads((tmp_path / "capacity.json").read_text())["ratios"]
+    (step,) = ratio["steps"]  # no worker ever came: the master waited until it was stopped
+    assert step["breaches"] == ["timed out after 8 s"]
