@@ -80,6 +80,7 @@ class TritonClient:
             if options.protocol == "grpc":
                 import tritonclient.grpc as module
 
+                _no_second_close_at_exit(module.InferenceServerClient)
                 self._client = module.InferenceServerClient(
                     options.url, ssl=options.ssl, root_certificates=options.root_certificates
                 )
@@ -146,6 +147,15 @@ class TritonClient:
 
     def _as_json(self) -> dict:
         return {"as_json": True} if self.options.protocol == "grpc" else {}
+
+
+def _no_second_close_at_exit(cls) -> None:
+    """tritonclient's gRPC client closes its channel again in __del__; when that runs at
+    interpreter teardown under gevent it can block forever (seen: a Locust process that wrote
+    its report, then never exited). Every TritonClient is closed explicitly instead."""
+    if getattr(cls, "_hstu_close_in_del", True):
+        cls.__del__ = lambda self: None
+        cls._hstu_close_in_del = False
 
 
 def _one_line(exc: BaseException) -> str:

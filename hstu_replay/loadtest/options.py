@@ -113,7 +113,8 @@ class LoadTestConfig:
 def register_arguments(parser) -> None:
     """Add every option to Locust's parser (shown and editable in the web UI)."""
     for f in fields(LoadTestConfig):
-        kwargs = {"default": f.default, "help": f.metadata["help"], "include_in_web_ui": True}
+        env = "LOCUST_" + f.metadata["flag"][2:].upper().replace("-", "_")
+        kwargs = {"default": f.default, "help": f.metadata["help"], "include_in_web_ui": True, "env_var": env}
         if isinstance(f.default, bool):
             kwargs["action"] = "store_true"
         else:
