@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from hstu_replay.interface import NOCACHE, NUM_TASKS, Limits  # noqa: E402
 from hstu_replay.request import RequestTensors, UserRequest, build_request  # noqa: E402
+from hstu_replay.target.serve import free_ports  # noqa: E402
 
 PA_DIR = ROOT / "runs" / "perf_analyzer"
 PA_BIN = PA_DIR / "perf_analyzer"
@@ -152,14 +153,6 @@ def serve_null(grpc_port: int, http_port: int, metrics_port: int) -> None:
                 raise SystemExit("tritonserver exited unexpectedly")
 
 
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 @dataclass

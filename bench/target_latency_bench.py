@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 from hstu_replay.interface import KVCACHE, history_tokens  # noqa: E402
 from hstu_replay.plan.reuse import prime_items  # noqa: E402
 from hstu_replay.request import RequestTensors, UserRequest, build_request  # noqa: E402
+from hstu_replay.target.serve import free_ports  # noqa: E402
 
 CONFIG = "small"
 HISTORY_ITEMS = 256  # the small config's max history
@@ -219,18 +220,6 @@ def triton_clear(client) -> None:
 
 
 # ----------------------------------------------------------------------------- the server
-
-
-def free_ports(n: int) -> list[int]:
-    """`n` distinct loopback ports free at the moment of asking."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def start_server(repository: Path, threads: int) -> Server:

@@ -19,6 +19,7 @@ import hstu_replay
 from hstu_replay.capacity.driver import CapacityResult
 from hstu_replay.capacity.search import RatioResult, StepResult
 from hstu_replay.report import plots
+from hstu_replay.report.html import CSS
 from hstu_replay.report.summary import NO_VALUE, format_table, jsonable
 from hstu_replay.report.writers import atomic_write, report_json
 
@@ -256,18 +257,6 @@ def render_plots(data: dict) -> dict[str, bytes]:
 
 # -- HTML -------------------------------------------------------------------------------------
 
-_CSS = """
-body { font: 14px/1.4 system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
-h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
-table { border-collapse: collapse; margin: .5em 0; }
-th, td { border: 1px solid #ccc; padding: .2em .6em; text-align: right; }
-th { background: #f2f2f2; } td.text { text-align: left; }
-.verdict { padding: .6em 1em; border-radius: 4px; font-weight: bold; }
-.pass { background: #e3f6e3; color: #185c18; } .fail { background: #fbe4e4; color: #8a1414; }
-img { display: block; margin: .8em 0; max-width: 100%; } .meta { color: #666; }
-"""
-
-
 def _e(value: Any) -> str:
     return html.escape(NO_VALUE if value is None else str(value), quote=True)
 
@@ -335,7 +324,7 @@ def render_html(data: dict, pngs: dict[str, bytes]) -> str:
     ]
     title = _e(f"hstu-replay capacity: {data['model']}")
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
-            f"<style>{_CSS}</style></head>\n<body>\n" + "\n".join(sections) + "\n</body></html>\n")
+            f"<style>{CSS}</style></head>\n<body>\n" + "\n".join(sections) + "\n</body></html>\n")
 
 
 # -- writing ----------------------------------------------------------------------------------

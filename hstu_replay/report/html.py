@@ -15,7 +15,7 @@ from typing import Any
 from hstu_replay.report.plots import PLOT_NAMES
 from hstu_replay.report.summary import NO_VALUE, latency_table
 
-_CSS = """
+CSS = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
 table { border-collapse: collapse; margin: .5em 0; }
@@ -131,5 +131,5 @@ def render_html(report: dict, png_bytes: Mapping[str, bytes]) -> str:
     ]
     body = "\n".join(sections)
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f"<title>{_e(title)}</title><style>{_CSS}</style></head>\n"
+            f"<title>{_e(title)}</title><style>{CSS}</style></head>\n"
             f"<body>\n{body}\n</body></html>\n")

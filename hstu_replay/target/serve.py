@@ -61,6 +61,17 @@ class Engines:
     uncached: PackagedRanker  # hstu_gr_ranking and hstu_model: the self-contained no-cache package
 
 
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """`n` ports free on `host` at the time of asking (for tests and benchmarks)."""
+    socks = [socket.socket() for _ in range(n)]
+    for sock in socks:
+        sock.bind((host, 0))
+    ports = [sock.getsockname()[1] for sock in socks]
+    for sock in socks:
+        sock.close()
+    return ports
+
+
 def check_ports_free(options: ServeOptions) -> None:
     """Fail early, in one line, when a port is taken (tritonserver would only log it)."""
     for name, port in options.ports.items():
