@@ -96,14 +96,27 @@ def compiled_repository(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def reference_dumps(compiled_repository, sample_store, tmp_path_factory) -> Path:
+def long_store(tmp_path_factory) -> Path:
+    """Synthetic users with 300+ events each, so requests can carry near-maximal histories."""
+    from hstu_replay.data.prepare import prepare
+    from hstu_replay.data.synth import synthesize
+
+    root = tmp_path_factory.mktemp("long")
+    synthesize(root / "raw", users=16, seed=5, events_per_user_scale=0.1)
+    prepare(root / "raw", root / "store")
+    return root / "store"
+
+
+@pytest.fixture(scope="session")
+def reference_dumps(compiled_repository, long_store, tmp_path_factory) -> Path:
+    """Cold-cache reference dumps: batches of 8 users with 200..256 history items each."""
     from hstu_replay.target.build import load_engines
     from hstu_replay.target.dump import write_reference_dumps
 
     out = tmp_path_factory.mktemp("dumps")
     engines = load_engines(compiled_repository, None, 32, "cpu")
-    write_reference_dumps(engines.uncached, str(sample_store), out, batches=6, batch_size=8, candidates=16,
-                          max_history=256, seed=1)
+    write_reference_dumps(engines.uncached, str(long_store), out, batches=6, batch_size=8, candidates=16,
+                          max_history=256, seed=1, min_history=200)
     return out
 
 

@@ -37,6 +37,7 @@ def add_commands(groups) -> None:
     dump.add_argument("--batch-size", type=int, default=4)
     dump.add_argument("--candidates", type=int, default=16)
     dump.add_argument("--max-history", type=int, default=None, help="default: the model's maximum")
+    dump.add_argument("--min-history", type=int, default=1, help="shortest history drawn (users allowing)")
     dump.add_argument("--dump-seed", type=int, default=0)
     dump.set_defaults(func=_dump)
 
@@ -87,6 +88,6 @@ def _dump(args) -> int:
     export_repository(args.repository, args.config, args.seed, device)
     engines = load_engines(args.repository, None, 32, device)
     written = write_reference_dumps(engines.uncached, args.store, args.out, args.batches, args.batch_size,
-                                    args.candidates, args.max_history, args.dump_seed)
+                                    args.candidates, args.max_history, args.dump_seed, args.min_history)
     print(f"hstu-replay: wrote {written} batches to {args.out}", file=sys.stderr)
     return 0

@@ -25,7 +25,7 @@ DUMP_KEY_BASE = 1 << 40  # cache keys of dumped users: above any real KuaiRand u
 
 
 def draw_users(store: SequenceStore, batch_size: int, candidates: int, max_history: int,
-               rng: np.random.Generator) -> list[UserRequest]:
+               rng: np.random.Generator, min_history: int = 1) -> list[UserRequest]:
     eligible = [i for i in range(len(store)) if len(store.user(i).video_ids) > candidates]
     if len(eligible) < batch_size:
         raise ConfigError(f"only {len(eligible)} users have more than {candidates} events; "
@@ -34,7 +34,7 @@ def draw_users(store: SequenceStore, batch_size: int, candidates: int, max_histo
     for index in rng.choice(eligible, size=batch_size, replace=False):
         history = store.user(int(index))
         longest = min(len(history.video_ids) - candidates, max_history)
-        items = int(rng.integers(1, longest + 1))
+        items = int(rng.integers(min(max(min_history, 1), longest), longest + 1))
         users.append(UserRequest(
             user_id=history.user_id, context=history.context,
             history_items=np.asarray(history.video_ids[:items], dtype=np.int64),
@@ -45,7 +45,7 @@ def draw_users(store: SequenceStore, batch_size: int, candidates: int, max_histo
 
 
 def write_reference_dumps(engine: PackagedRanker, store_path: str, out: str | Path, batches: int, batch_size: int,
-                          candidates: int, max_history: int | None, seed: int) -> int:
+                          candidates: int, max_history: int | None, seed: int, min_history: int = 1) -> int:
     config = engine.config
     max_history = min(max_history or config.max_history, config.max_history)
     if candidates > config.max_candidates:
@@ -56,7 +56,7 @@ def write_reference_dumps(engine: PackagedRanker, store_path: str, out: str | Pa
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for index in range(batches):
-        users = draw_users(store, batch_size, candidates, max_history, rng)
+        users = draw_users(store, batch_size, candidates, max_history, rng, min_history)
         users = [replace(u, cache_key=DUMP_KEY_BASE + index * 8 + slot) for slot, u in enumerate(users)]
         request = build_request(users, limits)
         result = engine.infer(request)

@@ -76,6 +76,8 @@ def check_ports_free(options: ServeOptions) -> None:
     """Fail early, in one line, when a port is taken (tritonserver would only log it)."""
     for name, port in options.ports.items():
         with socket.socket(socket.AF_INET6 if ":" in options.host else socket.AF_INET) as sock:
+            # as tritonserver does: connections still in TIME_WAIT do not make a port "taken"
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind((options.host, port))
             except OSError as exc:

@@ -27,7 +27,7 @@ def dump_sweep(triton_server, reference_dumps, tmp_path_factory):
         tmp_path_factory.mktemp("dump-sweep"), "-u", "1", "-r", "1", "--triton-url", triton_server.grpc_url,
         "--workload", "dumps", "--dump-dir", str(reference_dumps), "--hit-ratios", "0,0.5,0.9,1.0",
         "--batch-sizes", "8", "--stage-seconds", "5", "--warmup-seconds", "1", "--max-history", "256",
-        "--max-mismatches", "0", "--min-speedup", "1.0:1.2",
+        "--max-mismatches", "0", "--min-speedup", "1.0:1.5",
     )
 
 
@@ -53,9 +53,11 @@ def test_every_response_verified_without_mismatch(dump_sweep):
 
 def test_latency_falls_as_hit_ratio_rises(dump_sweep):
     b = bins(dump_sweep.report)
-    assert b["b8_h1.00"]["mean_ms"] < b["b8_h0.00"]["mean_ms"]
-    assert b["b8_h1.00"]["speedup"] > 1.2
-    assert b["b8_h1.00"]["server"]["compute_infer_ms"] < b["b8_h0.00"]["server"]["compute_infer_ms"]
+    # histories of 200..256 items: BENCHMARKS.md measures ~5x at 256 items on a quiet machine
+    assert b["b8_h1.00"]["mean_ms"] < b["b8_h0.50"]["mean_ms"] < b["b8_h0.00"]["mean_ms"]
+    assert b["b8_h1.00"]["speedup"] > 1.5
+    assert b["b8_h1.00"]["p50_ms"] < 0.5 * b["b8_h0.00"]["p50_ms"]
+    assert all(b[name]["server"]["count"] > 0 for name in b)  # Triton's own split was captured
 
 
 def test_records_hold_every_request(dump_sweep):
