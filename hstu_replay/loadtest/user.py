@@ -57,7 +57,8 @@ class HstuUser(User):
         config = self.runtime.config
         if config.arrival == "closed":
             return None
-        users = int(getattr(self.environment.parsed_options, "hstu_total_users", 0) or self.environment.runner.user_count or 1)
+        options = self.environment.parsed_options  # the master's -u reaches workers as hstu_total_users
+        users = int(getattr(options, "hstu_total_users", 0) or getattr(options, "num_users", 0) or 1)
         return ArrivalClock(config.arrival, config.request_rate / max(users, 1), time.monotonic(), self.rng)
 
     def on_stop(self):
