@@ -13,10 +13,12 @@ HTTP_PORT=${HTTP_PORT:-8000} GRPC_PORT=${GRPC_PORT:-8001} METRICS_PORT=${METRICS
 CACHE_METRICS_PORT=${CACHE_METRICS_PORT:-8003}
 mkdir -p "$OUT"
 
-hstu-replay data prepare datasets/sample --out "$OUT/store"
+# Synthetic KuaiRand-1K (same schema as the real files; see datasets/README.md for the real data)
+hstu-replay data synth --out "$OUT/raw" --users 16 --seed 5 --scale 0.1
+hstu-replay data prepare "$OUT/raw" --out "$OUT/store"
 hstu-replay data inspect "$OUT/store" | head -4
 hstu-replay target dump --repository "$REPO" --store "$OUT/store" --out "$OUT/dumps" \
-    --batches 24 --batch-size 8 --candidates 16
+    --batches 24 --batch-size 8 --candidates 16 --min-history 200
 
 hstu-replay target serve --repository "$REPO" --http-port "$HTTP_PORT" --grpc-port "$GRPC_PORT" \
     --metrics-port "$METRICS_PORT" --cache-metrics-port "$CACHE_METRICS_PORT" >"$OUT/server.log" 2>&1 &
