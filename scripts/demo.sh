@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job, end to end on this machine: set up, prepare the sample KuaiRand data, compile
+# The main job, end to end on this machine: set up, synthesize and prepare KuaiRand-1K data, compile
 # and serve the reference HSTU target on a real tritonserver (127.0.0.1), write reference dumps,
 # then run a short headless hit-ratio sweep with verification and leave the HTML report.
 set -euo pipefail
