@@ -5,7 +5,6 @@ Registered when the locustfile imports this module (Locust's extension model).
 
 from __future__ import annotations
 
-import logging
 import sys
 
 import gevent
@@ -18,9 +17,6 @@ from hstu_replay.loadtest import server_stats, webui
 from hstu_replay.loadtest.options import LoadTestConfig, register_arguments
 from hstu_replay.loadtest.runtime import LoadTestRuntime
 from hstu_replay.stats.run_stats import RunStats
-
-log = logging.getLogger("hstu_replay")
-
 
 def fail(environment, message: str, code: int = 2) -> None:
     """One line for the user, then stop the run with a non-zero exit code."""

@@ -104,7 +104,7 @@ class HstuUser(User):
                     outcome.mismatch = (f"mismatch in {step.label}: user {user} max |diff| {v.max_abs_diff:.4g} "
                                         f"> {runtime.config.tolerance} {v.reason}").rstrip()
                     exception = MismatchError(outcome.mismatch)
-        runtime.account(kind if kind != "prime" else "prime", step if kind != "prime" else _as_step(step, request),
+        runtime.account(kind, step if kind != "prime" else _as_step(step, request),
                         position, predicted, outcome, self.index)
         key = position.stage.key
         name = f"b{key.batch_size} h{key.target_ratio:.2f}" + {"measure": "", "warmup": " warm-up", "prime": " prime"}[kind]
