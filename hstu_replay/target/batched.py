@@ -1,0 +1,105 @@
+"""The fast engine: every user of a request in one forward pass, K/V read and written in place in a page pool.
+
+Same model, same weights and same answers as the per-user engine (`engine.RankingEngine`), laid
+out for a GPU: the request's new tokens form one jagged batch (all users' new history tokens,
+then all candidates), so each linear layer is one matrix product for the whole request; each
+layer writes its new history keys/values straight into the user's cache pages and attention
+reads them back through the page table (`paged_attention`). A fully cached request computes
+only its candidates and copies nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hstu_replay.request import RequestTensors, UserRequest
+from hstu_replay.target.config import ModelConfig
+from hstu_replay.target.engine import InferResult, check_fits, history_ids
+from hstu_replay.target.model import ITEM_KIND, HSTUModel, history_kinds
+from hstu_replay.target.paged_attention import QueryBlocks, paged_attention
+from hstu_replay.target.paged_cache import PagedKVCache, UserPages
+
+
+class BatchedEngine:
+    def __init__(self, model: HSTUModel, cache: PagedKVCache) -> None:
+        self.config: ModelConfig = model.config
+        self.model = model
+        self.cache = cache
+        self.device = cache.pool_k.device
+        self._lock = threading.Lock()
+
+    def infer(self, tensors: RequestTensors) -> InferResult:
+        users = tensors.users()
+        check_fits(self.config, users, tensors)
+        keys = [u.key for u in users]
+        totals = [int(t) for t in tensors.total_history_lengths]
+        with self._lock:
+            self.cache.check_request(keys, totals)
+            placed = self.cache.begin(keys, totals)
+            try:
+                logits = self._forward(users, placed)
+            except Exception:
+                for key in keys:  # the ledger already counts these users as held: undo
+                    self.cache.forget(key)
+                raise
+            finally:
+                self.cache.finish()
+        hits = np.array([p.hit for p in placed], dtype=np.int64)
+        return InferResult(logits, hits, np.array(totals, dtype=np.int64) - hits)
+
+    def clear_cache(self) -> None:
+        with self._lock:
+            self.cache.clear()
+
+    def _forward(self, users: list[UserRequest], placed: list[UserPages]) -> np.ndarray:
+        cfg, model, cache = self.config, self.model, self.cache
+        page = cache.page_tokens
+        hit = np.array([p.hit for p in placed], dtype=np.int64)
+        total = np.array([p.total for p in placed], dtype=np.int64)
+        n_hist, n_cand = total - hit, np.array([len(u.candidates) for u in users], dtype=np.int64)
+        hist_pos = np.concatenate([np.arange(p.hit, p.total) for p in placed])
+        page_table = np.zeros((len(users), max(len(p.pages) for p in placed)), dtype=np.int32)
+        for row, p in zip(page_table, placed):
+            row[:len(p.pages)] = p.pages
+        owner = np.repeat(np.arange(len(users)), n_hist)
+        slots = page_table[owner, hist_pos // page].astype(np.int64) * page + hist_pos % page
+        ids = np.concatenate([history_ids(u)[p.hit:] for u, p in zip(users, placed)]
+                             + [np.asarray(u.candidates, dtype=np.int64) for u in users])
+        positions = np.concatenate([hist_pos, np.repeat(total, n_cand)])
+        kinds = torch.cat([history_kinds(torch.from_numpy(hist_pos)),
+                           torch.full((int(n_cand.sum()),), ITEM_KIND, dtype=torch.int64)])
+        blocks = QueryBlocks.plan(hit, n_hist, n_cand).table
+
+        def to_device(a) -> torch.Tensor:
+            return torch.as_tensor(a).to(self.device, non_blocking=True)
+
+        ids_t, kinds_t, pos_t, slots_t = (to_device(a) for a in (ids, kinds, positions, slots))
+        page_table_t, blocks_t = to_device(page_table), to_device(blocks)
+        n_hist_all = len(hist_pos)
+        with torch.inference_mode():
+            x = model.embed(ids_t, kinds_t, pos_t)
+            for layer, pool_k, pool_v in zip(model.layers, cache.pool_k, cache.pool_v):
+                u, v, q, k = F.silu(layer.uvqk(layer.norm_in(x))).split(cfg.attn_dim, dim=-1)
+                q, k, v = (t.unflatten(-1, (cfg.num_heads, cfg.head_dim)) for t in (q, k, v))
+                if n_hist_all:
+                    pool_k.index_copy_(0, slots_t, k[:n_hist_all])
+                    pool_v.index_copy_(0, slots_t, v[:n_hist_all])
+                attn = paged_attention(q, pool_k, pool_v, page_table_t, blocks_t, page, cfg.attn_normaliser)
+                # a candidate also sees itself; its key is never stored
+                qc, kc, vc = q[n_hist_all:], k[n_hist_all:], v[n_hist_all:]
+                own = F.silu((qc.float() * kc.float()).sum(-1, keepdim=True)) / cfg.attn_normaliser
+                attn[n_hist_all:] += (own * vc.float()).to(attn.dtype)
+                x = x + layer.out(layer.norm_attn(attn.flatten(1)) * u)
+            logits = model.head(x[n_hist_all:]).float()
+        return logits.cpu().numpy().reshape(-1, 8)
+
+
+def build_batched_engine(model: HSTUModel, budget_tokens: int, page_tokens: int) -> BatchedEngine:
+    """An engine over `model` (already on its device) with a pool for `budget_tokens` cached tokens."""
+    weight = model.embed.table.weight
+    cache = PagedKVCache(model.config, budget_tokens, page_tokens, weight.device, weight.dtype)
+    return BatchedEngine(model, cache)
