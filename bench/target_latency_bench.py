@@ -1,7 +1,9 @@
-"""Latency of the reference target against the cached fraction of the history (small config, CPU).
+"""Latency of the reference target against the cached fraction of the history.
 
-    python bench/target_latency_bench.py                         # both modes, 30 repeats, batches 1,8
+    python bench/target_latency_bench.py                         # small config, CPU, both modes
     python bench/target_latency_bench.py --repeats 5 --batches 1 # a quick run
+    python bench/target_latency_bench.py --engine batched --config kuairand-1k --dtype bfloat16 \
+        --device cuda --history 4096 --candidates 100 --batches 1,2,8   # the GPU figures
 
 For each cached fraction f of a history of m items, a fresh cache key is primed with a prefix of
 p items (6 + 2p ~= f * (6 + 2m); f = 0: no prime), then the full m-item request with the same key
@@ -43,9 +45,6 @@ from hstu_replay.plan.reuse import prime_items  # noqa: E402
 from hstu_replay.request import RequestTensors, UserRequest, build_request  # noqa: E402
 from hstu_replay.target.serve import free_ports  # noqa: E402
 
-CONFIG = "small"
-HISTORY_ITEMS = 256  # the small config's max history
-CANDIDATES = 32  # the small config's max candidates
 FRACTIONS = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
 WARMUP_REQUESTS = 3  # untimed full requests per batch size and mode
 READY_TIMEOUT_S = 180.0
@@ -78,6 +77,13 @@ class Settings:
     """What one run measures."""
 
     repository: Path
+    engine: str  # a key of target.build.ENGINE_KINDS
+    config: str
+    dtype: str | None  # None: the config's
+    device: str
+    history: int  # items per user
+    candidates: int
+    cache_budget_tokens: int
     batches: list[int]
     repeats: int
     budget_s: float  # per (mode, batch): no new repetition starts after this
@@ -100,15 +106,15 @@ class KeySource:
         return keys
 
 
-def make_users(rng: np.random.Generator, keys: list[int], items: int) -> list[UserRequest]:
-    """Synthetic users with `items` history items and CANDIDATES candidates, one per key."""
+def make_users(rng: np.random.Generator, keys: list[int], items: int, candidates: int) -> list[UserRequest]:
+    """Synthetic users with `items` history items and `candidates` candidates, one per key."""
     return [
         UserRequest(
             user_id=int(rng.integers(1, 1_000_000)),
             context=tuple(int(x) for x in rng.integers(1, 16, size=5)),
             history_items=rng.integers(1, 10_000_000, size=items, dtype=np.int64),
             history_actions=rng.integers(0, 256, size=items, dtype=np.int64),
-            candidates=rng.integers(1, 10_000_000, size=CANDIDATES, dtype=np.int64),
+            candidates=rng.integers(1, 10_000_000, size=candidates, dtype=np.int64),
             cache_key=key,
         )
         for key in keys
@@ -123,9 +129,9 @@ def prefix(users: list[UserRequest], items: int) -> list[UserRequest]:
     ]
 
 
-def primed_tokens(fraction: float) -> int:
+def primed_tokens(fraction: float, history: int) -> int:
     """History tokens a fresh key holds after the prime for `fraction` (0: no prime)."""
-    items = prime_items(fraction, HISTORY_ITEMS)
+    items = prime_items(fraction, history)
     return 0 if items is None else history_tokens(items)
 
 
@@ -136,10 +142,10 @@ def measure(infer: Infer, clear: Callable[[], None], settings: Settings) -> dict
     """Time the full request at every fraction; returns {(batch, fraction): Cell}."""
     rng = np.random.default_rng(settings.seed)
     keys = KeySource(1 << 40)
-    cells = {(b, f): Cell(primed_tokens(f)) for b in settings.batches for f in FRACTIONS}
+    cells = {(b, f): Cell(primed_tokens(f, settings.history)) for b in settings.batches for f in FRACTIONS}
     for batch in settings.batches:
         for _ in range(WARMUP_REQUESTS):
-            infer(build_request(make_users(rng, keys.take(batch), HISTORY_ITEMS)))
+            infer(build_request(make_users(rng, keys.take(batch), settings.history, settings.candidates)))
         clear()
         deadline = time.monotonic() + settings.budget_s
         for _ in range(settings.repeats):
@@ -147,15 +153,16 @@ def measure(infer: Infer, clear: Callable[[], None], settings: Settings) -> dict
                 print(f"note: batch {batch}: --budget-s {settings.budget_s:g} spent; fewer repeats", file=sys.stderr)
                 break
             for fraction in FRACTIONS:
-                run_one(infer, rng, keys, batch, fraction, cells[(batch, fraction)])
+                run_one(infer, rng, keys, batch, fraction, cells[(batch, fraction)], settings)
             clear()
     return cells
 
 
-def run_one(infer: Infer, rng: np.random.Generator, keys: KeySource, batch: int, fraction: float, cell: Cell) -> None:
+def run_one(infer: Infer, rng: np.random.Generator, keys: KeySource, batch: int, fraction: float, cell: Cell,
+            settings: Settings) -> None:
     """Prime fresh keys to `fraction` (untimed), then time the full request with the same keys."""
-    users = make_users(rng, keys.take(batch), HISTORY_ITEMS)
-    items = prime_items(fraction, HISTORY_ITEMS)
+    users = make_users(rng, keys.take(batch), settings.history, settings.candidates)
+    items = prime_items(fraction, settings.history)
     if items is not None:
         infer(build_request(prefix(users, items)))
     tensors = build_request(users)
@@ -166,14 +173,15 @@ def run_one(infer: Infer, rng: np.random.Generator, keys: KeySource, batch: int,
 
 
 def in_process_mode(settings: Settings) -> dict:
-    """Measure `load_engines(...).cached.infer` in this interpreter."""
+    """Measure the serving engine's `infer` in this interpreter."""
     import torch
 
-    from hstu_replay.target.build import load_engines
+    from hstu_replay.target.build import ENGINE_KINDS
 
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)
-    engine = load_engines(settings.repository, None, 32, "cpu").cached
+    engine = ENGINE_KINDS[settings.engine](settings.repository, model_config(settings), settings.seed,
+                                           settings.cache_budget_tokens, 32, settings.device).cached
     return measure(lambda t: engine.infer(t).cached_tokens, engine.clear_cache, settings)
 
 
@@ -181,7 +189,7 @@ def triton_mode(settings: Settings) -> dict:
     """Measure through a real tritonserver, always stopping it afterwards."""
     import tritonclient.grpc as grpc
 
-    server = start_server(settings.repository, settings.threads)
+    server = start_server(settings)
     client = None
     try:
         client = grpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
@@ -222,14 +230,18 @@ def triton_clear(client) -> None:
 # ----------------------------------------------------------------------------- the server
 
 
-def start_server(repository: Path, threads: int) -> Server:
+def start_server(settings: Settings) -> Server:
     """Start `hstu-replay target serve` on free ports; wait (bounded) until it says it serves."""
+    threads = settings.threads
     env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads > 0 else {}))
     http, grpc, metrics, cache_metrics = free_ports(4)
     log = Path(tempfile.mkstemp(prefix="target-latency-bench-", suffix=".log")[1])
-    command = [str(BIN / "hstu-replay"), "target", "serve", "--repository", str(repository), "--config", CONFIG,
-               "--device", "cpu", "--host", "127.0.0.1", "--http-port", str(http), "--grpc-port", str(grpc),
+    command = [sys.executable, "-m", "hstu_replay.cli", "target", "serve", "--repository", str(settings.repository),
+               "--config", settings.config, "--engine", settings.engine, "--device", settings.device,
+               "--cache-budget-tokens", str(settings.cache_budget_tokens),
+               "--host", "127.0.0.1", "--http-port", str(http), "--grpc-port", str(grpc),
                "--metrics-port", str(metrics), "--cache-metrics-port", str(cache_metrics)]
+    command += ["--dtype", settings.dtype] if settings.dtype else []
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
                                    start_new_session=True)
@@ -279,12 +291,12 @@ def stop_server(server: Server) -> int | None:
 # ----------------------------------------------------------------------------- reporting
 
 
-def table(title: str, cells: dict, batches: list[int]) -> str:
+def table(title: str, cells: dict, batches: list[int], history: int) -> str:
     """A markdown table of one mode's cells, with the p50 speed-up over the 0% cell."""
-    full = history_tokens(HISTORY_ITEMS)
+    full = history_tokens(history)
     lines = [f"### {title}", "",
-             "| batch | cached (target) | cached (primed) | n | mean ms | p50 ms | p90 ms | p50 speed-up |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| batch | cached (target) | cached (primed) | n | mean ms | p50 ms | p90 ms | p50 ms / user | p50 speed-up |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for batch in batches:
         base = float(np.percentile(cells[(batch, 0.0)].latencies_ms, 50))
         for fraction in FRACTIONS:
@@ -292,7 +304,7 @@ def table(title: str, cells: dict, batches: list[int]) -> str:
             ms = np.array(cell.latencies_ms)
             p50, p90 = np.percentile(ms, [50, 90])
             lines.append(f"| {batch} | {fraction:.0%} | {cell.primed_tokens / full:.1%} ({cell.primed_tokens} tok) "
-                         f"| {len(ms)} | {ms.mean():.2f} | {p50:.2f} | {p90:.2f} | {base / p50:.2f}x |")
+                         f"| {len(ms)} | {ms.mean():.2f} | {p50:.2f} | {p90:.2f} | {p50 / batch:.3f} | {base / p50:.2f}x |")
     return "\n".join(lines)
 
 
@@ -330,6 +342,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0,
                         help="torch/OpenMP threads of the model, in both modes (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--engine", default="aoti", choices=("aoti", "batched"), help="target serve --engine")
+    parser.add_argument("--config", default="small", help="model config")
+    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16"), help="--engine batched only")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--history", type=int, default=256, help="history items per user")
+    parser.add_argument("--candidates", type=int, default=32, help="candidates per user")
+    parser.add_argument("--cache-budget-tokens", type=int, default=3_276_800)
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",") if b.strip()]
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -340,11 +359,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def ensure_repository(root: Path) -> None:
-    """Compile the small config into `root` unless it already holds it."""
-    from hstu_replay.target.build import export_repository
+def model_config(settings: Settings):
+    from dataclasses import replace
 
-    export_repository(root, CONFIG, 0, "cpu")
+    from hstu_replay.target.config import get_config
+
+    config = get_config(settings.config)
+    return replace(config, dtype=settings.dtype or config.dtype)
 
 
 def load1() -> float:
@@ -356,11 +377,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    ensure_repository(args.repository)
-    settings = Settings(args.repository, args.batches, args.repeats, args.budget_s, args.threads, args.seed)
-    print(f"config {CONFIG}, history {HISTORY_ITEMS} items ({history_tokens(HISTORY_ITEMS)} tokens), "
-          f"{CANDIDATES} candidates, {args.repeats} repeats, batches {args.batches}, "
-          f"torch threads {args.threads or torch.get_num_threads()}, {os.cpu_count()} CPUs")
+    settings = Settings(args.repository, args.engine, args.config, args.dtype, args.device, args.history,
+                        args.candidates, args.cache_budget_tokens, args.batches, args.repeats, args.budget_s,
+                        args.threads, args.seed)
+    config = model_config(settings)
+    device = torch.cuda.get_device_name() if args.device == "cuda" else f"{os.cpu_count()} CPUs"
+    print(f"engine {args.engine}, config {config.name} ({config.num_layers} layers, {config.dtype}) on {device}, "
+          f"history {args.history} items ({history_tokens(args.history)} tokens), {args.candidates} candidates, "
+          f"{args.repeats} repeats, batches {args.batches}, torch threads {args.threads or torch.get_num_threads()}")
     print(f"uptime at start: {uptime()}", flush=True)
     modes = {"in-process": in_process_mode, "triton": triton_mode}
     all_ok = True
@@ -369,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         cells = modes[name](settings)
         print()
         print(table(f"{name} ({time.perf_counter() - started:.0f} s, 1-min load {load_before:.2f} -> {load1():.2f})",
-                    cells, args.batches))
+                    cells, args.batches, args.history))
         print()
         check, ok = cached_check(name, cells)
         all_ok &= ok

@@ -26,6 +26,11 @@ def add_commands(groups) -> None:
     serve.add_argument("--cache-budget-tokens", type=int, default=3_276_800,
                        help="KV-cache capacity in tokens (published: 102,400 pages of 32)")
     serve.add_argument("--page-tokens", type=int, default=32)
+    serve.add_argument("--engine", default="aoti", choices=("aoti", "batched"),
+                       help="aoti: the compiled packages, one user at a time; batched: every user of a request "
+                            "in one pass over a paged KV pool (the fast path on a GPU; nothing to compile)")
+    serve.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                       help="weights and KV cache type (--engine batched; default: the config's)")
     serve.add_argument("--log-verbose", type=int, default=0)
     serve.set_defaults(func=_serve)
 
@@ -67,15 +72,20 @@ def _export(args) -> int:
 
 
 def _serve(args) -> int:
-    from hstu_replay.target.build import export_repository, load_engines
+    from dataclasses import replace
+
+    from hstu_replay.target.build import ENGINE_KINDS
+    from hstu_replay.target.config import get_config
     from hstu_replay.target.serve import ServeOptions, check_ports_free, serve
 
     options = ServeOptions(args.host, args.http_port, args.grpc_port, args.metrics_port, args.cache_metrics_port,
                            args.log_verbose)
     check_ports_free(options)
     device = _device(args.device)
-    export_repository(args.repository, args.config, args.seed, device)
-    engines = load_engines(args.repository, args.cache_budget_tokens, args.page_tokens, device)
+    config = get_config(args.config)
+    config = replace(config, dtype=args.dtype or config.dtype)
+    engines = ENGINE_KINDS[args.engine](args.repository, config, args.seed, args.cache_budget_tokens,
+                                        args.page_tokens, device)
     serve(engines, options)
     return 0
 

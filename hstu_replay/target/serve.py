@@ -28,6 +28,7 @@ import numpy as np
 from hstu_replay.errors import ServerError
 from hstu_replay.interface import KVCACHE, NOCACHE, PYTHON_BACKEND, ModelInterface
 from hstu_replay.request import RequestTensors
+from hstu_replay.target.batched import BatchedEngine
 from hstu_replay.target.engine import PackagedRanker, RankingEngine
 
 CONTROL_MODEL = "hstu_kvcache_control"
@@ -57,8 +58,10 @@ class ServeOptions:
 
 @dataclass(frozen=True)
 class Engines:
-    cached: RankingEngine  # hstu_gr_ranking_kvcache
-    uncached: PackagedRanker  # hstu_gr_ranking and hstu_model: the self-contained no-cache package
+    """Anything with `infer(RequestTensors) -> InferResult`; `cached` also `cache.stats()` and `clear_cache()`."""
+
+    cached: RankingEngine | BatchedEngine  # hstu_gr_ranking_kvcache
+    uncached: PackagedRanker | BatchedEngine  # hstu_gr_ranking and hstu_model: no cache kept
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
