@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hstu_replay.interface import Limits  # noqa: E402
 from hstu_replay.request import UserRequest, build_request  # noqa: E402
 from hstu_replay.target.batched import build_batched_engine  # noqa: E402
 from hstu_replay.target.config import get_config  # noqa: E402
@@ -27,6 +28,9 @@ from hstu_replay.target.kvcache import KVCache  # noqa: E402
 from hstu_replay.target.model import EagerCompute, build_model  # noqa: E402
 
 TOLERANCE = {"float32": 1e-3, "bfloat16": 0.0625}  # the bf16 one: NVIDIA's dump tolerance
+
+
+LIMITS = Limits(max_values=10**7, max_candidates=10**4, max_history=10**6)  # beyond the published 40,000 values
 
 
 def users(rng: np.random.Generator, batch: int, history: int, candidates: int) -> list[UserRequest]:
@@ -48,8 +52,8 @@ def primes(full: list[UserRequest]) -> list[UserRequest]:
 def answer(engine, full: list[UserRequest]) -> tuple[np.ndarray, list[int]]:
     warm = primes(full)
     if warm:
-        engine.infer(build_request(warm))
-    result = engine.infer(build_request(full))
+        engine.infer(build_request(warm, LIMITS))
+    result = engine.infer(build_request(full, LIMITS))
     return result.logits, result.cached_tokens.tolist()
 
 

@@ -40,7 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hstu_replay.interface import KVCACHE, history_tokens  # noqa: E402
+from hstu_replay.interface import KVCACHE, Limits, history_tokens  # noqa: E402
 from hstu_replay.plan.reuse import prime_items  # noqa: E402
 from hstu_replay.request import RequestTensors, UserRequest, build_request  # noqa: E402
 from hstu_replay.target.serve import free_ports  # noqa: E402
@@ -50,6 +50,9 @@ WARMUP_REQUESTS = 3  # untimed full requests per batch size and mode
 READY_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 30.0
 BIN = Path(sys.executable).parent
+
+#: The published package takes at most 40,000 values a request; 8 users x 4096 items need ~67,000.
+LIMITS = Limits(max_values=10**7, max_candidates=10**4, max_history=10**6)
 
 Infer = Callable[[RequestTensors], np.ndarray]  # sends one request, returns CACHED_TOKENS [B]
 
@@ -145,7 +148,7 @@ def measure(infer: Infer, clear: Callable[[], None], settings: Settings) -> dict
     cells = {(b, f): Cell(primed_tokens(f, settings.history)) for b in settings.batches for f in FRACTIONS}
     for batch in settings.batches:
         for _ in range(WARMUP_REQUESTS):
-            infer(build_request(make_users(rng, keys.take(batch), settings.history, settings.candidates)))
+            infer(build_request(make_users(rng, keys.take(batch), settings.history, settings.candidates), LIMITS))
         clear()
         deadline = time.monotonic() + settings.budget_s
         for _ in range(settings.repeats):
@@ -164,8 +167,8 @@ def run_one(infer: Infer, rng: np.random.Generator, keys: KeySource, batch: int,
     users = make_users(rng, keys.take(batch), settings.history, settings.candidates)
     items = prime_items(fraction, settings.history)
     if items is not None:
-        infer(build_request(prefix(users, items)))
-    tensors = build_request(users)
+        infer(build_request(prefix(users, items), LIMITS))
+    tensors = build_request(users, LIMITS)
     started = time.perf_counter()
     cached = infer(tensors)
     cell.latencies_ms.append((time.perf_counter() - started) * 1e3)
