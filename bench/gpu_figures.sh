@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The batched engine's figures on an NVIDIA GPU (needs torch with CUDA and triton; nothing to compile).
-#   bash bench/gpu_figures.sh [in-process|triton|locust ...]     # default: in-process
+#   bash bench/gpu_figures.sh [agreement|profile|in-process|triton|locust ...]   # default: all
 # Everything printed also goes to ${OUT:-runs/gpu}/figures.log. Each step is bounded by `timeout`;
 # a failed step does not stop the rest.
 set -uo pipefail
@@ -24,11 +24,15 @@ step() {  # name, seconds, command...
     nproc
 } 2>&1 | tee -a "$OUT/figures.log"
 
-for part in "${@:-in-process}"; do
+PARTS=("$@")
+[ ${#PARTS[@]} -gt 0 ] || PARTS=(agreement profile in-process triton locust)
+for part in "${PARTS[@]}"; do
     case $part in
+    agreement)
+        step agreement 150 $PY bench/engine_agreement.py --config kuairand-1k --history 4096 --candidates 100 --batch 4 ;;
+    profile)
+        step profile 120 $PY bench/profile_batched.py --config kuairand-1k --batch 8 ;;
     in-process)
-        step agreement 150 $PY bench/engine_agreement.py --config kuairand-1k --history 4096 --candidates 100 --batch 4
-        step profile 120 $PY bench/profile_batched.py --config kuairand-1k --batch 8
         for cfg in kuairand-1k kuairand-1k-8l; do
             step "in-process-$cfg" 240 $PY bench/target_latency_bench.py "${COMMON[@]}" --config "$cfg" \
                 --batches 1,2,8 --repeats 10 --modes in-process
