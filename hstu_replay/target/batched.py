@@ -20,7 +20,7 @@ from hstu_replay.request import RequestTensors, UserRequest
 from hstu_replay.target.config import ModelConfig
 from hstu_replay.target.engine import InferResult, check_fits, history_ids
 from hstu_replay.target.model import ITEM_KIND, HSTUModel, history_kinds
-from hstu_replay.target.paged_attention import QueryBlocks, paged_attention
+from hstu_replay.target.paged_attention import WorkPlan, paged_attention
 from hstu_replay.target.paged_cache import PagedKVCache, UserPages
 
 
@@ -72,13 +72,13 @@ class BatchedEngine:
         positions = np.concatenate([hist_pos, np.repeat(total, n_cand)])
         kinds = torch.cat([history_kinds(torch.from_numpy(hist_pos)),
                            torch.full((int(n_cand.sum()),), ITEM_KIND, dtype=torch.int64)])
-        blocks = QueryBlocks.plan(hit, n_hist, n_cand).table
+        plan = WorkPlan.plan(hit, n_hist, n_cand, cfg.num_heads)
 
         def to_device(a) -> torch.Tensor:
             return torch.as_tensor(a).to(self.device, non_blocking=True)
 
         ids_t, kinds_t, pos_t, slots_t = (to_device(a) for a in (ids, kinds, positions, slots))
-        page_table_t, blocks_t = to_device(page_table), to_device(blocks)
+        page_table_t, items_t = to_device(page_table), to_device(plan.items)
         n_hist_all = len(hist_pos)
         with torch.inference_mode():
             x = model.embed(ids_t, kinds_t, pos_t)
@@ -88,7 +88,7 @@ class BatchedEngine:
                 if n_hist_all:
                     pool_k.index_copy_(0, slots_t, k[:n_hist_all])
                     pool_v.index_copy_(0, slots_t, v[:n_hist_all])
-                attn = paged_attention(q, pool_k, pool_v, page_table_t, blocks_t, page, cfg.attn_normaliser)
+                attn = paged_attention(q, pool_k, pool_v, page_table_t, plan, items_t, page, cfg.attn_normaliser)
                 # a candidate also sees itself; its key is never stored
                 qc, kc, vc = q[n_hist_all:], k[n_hist_all:], v[n_hist_all:]
                 own = F.silu((qc.float() * kc.float()).sum(-1, keepdim=True)) / cfg.attn_normaliser

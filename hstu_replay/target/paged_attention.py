@@ -5,11 +5,13 @@ and values are all in the page pool (the new history tokens' are written there b
 call), found through each user's page table. A history query at position p sees keys 0..p; a
 candidate sees its user's whole history (its own key is added by the caller: candidates' keys
 are never stored). Weights are SiLU(q.k) / normaliser, no softmax, so no running maximum is
-needed: each key block's contribution simply adds up.
+needed: each key's contribution simply adds up, and one query block's keys can be split over
+several programs whose partial sums are added atomically (split-K). That is what keeps a GPU busy
+when a fully cached request has only a few candidate blocks, each facing thousands of keys.
 
-Work is cut into query blocks that never cross users. Each block is described by one row of
-`QueryBlocks.table`: (user, first row, rows, position of the first row, position step, key end).
-A candidate block has step 0: all its rows sit at the last history position.
+Work items never cross users. Each is one row of `WorkPlan.items`: (user, first row, rows,
+position of the first row, position step, first key, key end). A candidate block has step 0:
+all its rows sit at the last history position.
 """
 
 from __future__ import annotations
@@ -22,119 +24,101 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-BLOCK_M = 64  # query rows per block
+BLOCK_M = 128  # query rows per work item
 BLOCK_N = 64  # keys per step of the kernel's loop
-_USER, _ROW0, _ROWS, _POS0, _STEP, _KEY_END = range(6)
+#: Split keys when the query blocks alone would give fewer programs than this (about 4 per SM of an H100/H200).
+MIN_PROGRAMS = 512
+_USER, _ROW0, _ROWS, _POS0, _STEP, _KEY0, _KEY_END = range(7)
 
 
 @dataclass(frozen=True)
-class QueryBlocks:
-    table: np.ndarray  # int32 [blocks, 6]
+class WorkPlan:
+    items: np.ndarray  # int32 [n, 7]
+    split: bool  # several items may share query rows: their sums are added atomically
 
     @classmethod
-    def plan(cls, past: np.ndarray, n_hist: np.ndarray, n_cand: np.ndarray, block_m: int = BLOCK_M) -> QueryBlocks:
-        """Blocks for users with `past` cached, `n_hist` new history tokens and `n_cand` candidates."""
-        rows = []
-        hist_row = 0
-        cand_row = int(n_hist.sum())
-        for user, (p, h, c) in enumerate(zip(past.tolist(), n_hist.tolist(), n_cand.tolist())):
-            for first in range(0, h, block_m):
-                rows.append((user, hist_row + first, min(block_m, h - first), p + first, 1, p + h))
-            for first in range(0, c, block_m):
-                rows.append((user, cand_row + first, min(block_m, c - first), p + h - 1, 0, p + h))
-            hist_row += h
-            cand_row += c
-        # longest blocks first, so the GPU's last wave is made of short ones
-        table = np.array(rows, dtype=np.int32).reshape(-1, 6)
-        work = np.minimum(table[:, _POS0] + table[:, _STEP] * (table[:, _ROWS] - 1) + 1, table[:, _KEY_END])
-        return cls(np.ascontiguousarray(table[np.argsort(-work, kind="stable")]))
+    def plan(cls, past: np.ndarray, n_hist: np.ndarray, n_cand: np.ndarray, heads: int,
+             block_m: int = BLOCK_M, min_programs: int = MIN_PROGRAMS) -> WorkPlan:
+        """Items for users with `past` cached, `n_hist` new history tokens and `n_cand` candidates."""
+        past, n_hist, n_cand = (np.asarray(a, dtype=np.int64) for a in (past, n_hist, n_cand))
+        kv_len = past + n_hist
+        hist_blocks = -(-n_hist // block_m)
+        cand_blocks = -(-n_cand // block_m)
+        # history blocks, all users, then candidate blocks: (user, index of the block in its part)
+        hist_user = np.repeat(np.arange(len(past)), hist_blocks)
+        hist_first = (np.arange(len(hist_user)) - np.repeat(np.cumsum(hist_blocks) - hist_blocks, hist_blocks)) * block_m
+        cand_user = np.repeat(np.arange(len(past)), cand_blocks)
+        cand_first = (np.arange(len(cand_user)) - np.repeat(np.cumsum(cand_blocks) - cand_blocks, cand_blocks)) * block_m
+        hist_row0 = np.cumsum(n_hist) - n_hist
+        cand_row0 = n_hist.sum() + np.cumsum(n_cand) - n_cand
+        items = np.concatenate([
+            np.stack([hist_user, hist_row0[hist_user] + hist_first,
+                      np.minimum(block_m, n_hist[hist_user] - hist_first), past[hist_user] + hist_first,
+                      np.ones_like(hist_user), np.zeros_like(hist_user), kv_len[hist_user]], axis=1),
+            np.stack([cand_user, cand_row0[cand_user] + cand_first,
+                      np.minimum(block_m, n_cand[cand_user] - cand_first), kv_len[cand_user] - 1,
+                      np.zeros_like(cand_user), np.zeros_like(cand_user), kv_len[cand_user]], axis=1),
+        ]).reshape(-1, 7)
+        # keys a block really visits: up to its last row's position
+        items[:, _KEY_END] = np.minimum(items[:, _KEY_END], items[:, _POS0] + items[:, _STEP] * (items[:, _ROWS] - 1) + 1)
+        split = 0 < len(items) * heads < min_programs
+        if split:
+            items = _split_keys(items, heads, min_programs)
+        # longest first, so the GPU's last wave is made of short ones
+        work = items[:, _KEY_END] - items[:, _KEY0]
+        return cls(np.ascontiguousarray(items[np.argsort(-work, kind="stable")], dtype=np.int32), split)
 
 
-def paged_attention(q: Tensor, pool_k: Tensor, pool_v: Tensor, page_table: Tensor, blocks: Tensor,
+def _split_keys(items: np.ndarray, heads: int, min_programs: int) -> np.ndarray:
+    """Cut each item's keys into chunks (multiples of BLOCK_N) so that about `min_programs` programs run."""
+    total_keys = int(items[:, _KEY_END].sum())
+    chunk = max(4 * BLOCK_N, -(-total_keys * heads // min_programs))
+    chunk = -(-chunk // BLOCK_N) * BLOCK_N
+    pieces = np.maximum(1, -(-items[:, _KEY_END] // chunk))
+    out = np.repeat(items, pieces, axis=0)
+    index = np.arange(len(out)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    out[:, _KEY0] = index * chunk
+    out[:, _KEY_END] = np.minimum(out[:, _KEY_END], out[:, _KEY0] + chunk)
+    return out
+
+
+def paged_attention(q: Tensor, pool_k: Tensor, pool_v: Tensor, page_table: Tensor, plan: WorkPlan, items: Tensor,
                     page_tokens: int, normaliser: float) -> Tensor:
     """q [T, H, D] (any strides, last contiguous); pool_k/v [slots, H, D]; page_table int32 [B, pages];
-    blocks int32 [n, 6] on q's device. Returns [T, H, D] in q's dtype (rows no block covers: zeros)."""
+    `items` is `plan.items` on q's device. Returns [T, H, D] in q's dtype."""
     if q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
-        return _triton_attention(q, pool_k, pool_v, page_table, blocks, page_tokens, normaliser)
-    return reference_attention(q, pool_k, pool_v, page_table, blocks, page_tokens, normaliser)
+        return _triton_attention(q, pool_k, pool_v, page_table, plan.split, items, page_tokens, normaliser)
+    return reference_attention(q, pool_k, pool_v, page_table, items, page_tokens, normaliser)
 
 
-def reference_attention(q: Tensor, pool_k: Tensor, pool_v: Tensor, page_table: Tensor, blocks: Tensor,
+def reference_attention(q: Tensor, pool_k: Tensor, pool_v: Tensor, page_table: Tensor, items: Tensor,
                         page_tokens: int, normaliser: float) -> Tensor:
-    """The same computation in plain PyTorch, one block at a time (CPU serving and the kernel's check)."""
-    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
-    for user, row0, rows, pos0, step, key_end in blocks.tolist():
-        key_pos = torch.arange(key_end, device=q.device)
+    """The same computation in plain PyTorch, one item at a time (CPU serving and the kernel's check)."""
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    for user, row0, rows, pos0, step, key0, key_end in items.tolist():
+        key_pos = torch.arange(key0, key_end, device=q.device)
         slots = page_table[user].long()[key_pos // page_tokens] * page_tokens + key_pos % page_tokens
         k, v = pool_k[slots].transpose(0, 1), pool_v[slots].transpose(0, 1)  # [H, keys, D]
         query = q[row0:row0 + rows].transpose(0, 1)  # [H, rows, D]
         query_pos = pos0 + step * torch.arange(rows, device=q.device)
         weights = F.silu(query @ k.transpose(1, 2)).masked_fill(key_pos[None, :] > query_pos[:, None], 0.0)
-        out[row0:row0 + rows] = ((weights @ v) / normaliser).transpose(0, 1)
-    return out
+        out[row0:row0 + rows] += (weights @ v).transpose(0, 1).float()
+    return (out / normaliser).to(q.dtype)
 
 
-_kernel = None
+def _triton_attention(q, pool_k, pool_v, page_table, split, items, page_tokens, normaliser):
+    from hstu_replay.target.attention_kernel import hstu_paged_attention  # needs triton
 
-
-def _triton_attention(q, pool_k, pool_v, page_table, blocks, page_tokens, normaliser):
-    global _kernel
-    if _kernel is None:
-        _kernel = _define_kernel()
     tokens, heads, head_dim = q.shape
-    out = torch.zeros((tokens, heads, head_dim), dtype=q.dtype, device=q.device)
-    if blocks.shape[0] == 0:
-        return out
-    _kernel[(blocks.shape[0], heads)](
-        q, pool_k, pool_v, out, blocks, page_table,
-        q.stride(0), q.stride(1), pool_k.stride(0), pool_k.stride(1), out.stride(0), out.stride(1),
-        page_table.stride(0), 1.0 / normaliser,
-        PAGE=page_tokens, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim,
-        num_warps=4 if head_dim <= 64 else 8, num_stages=2,
-    )
-    return out
-
-
-def _define_kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def hstu_paged_attention(Q, K, V, OUT, BLOCKS, PAGE_TABLE,
-                             stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
-                             stride_page_table, scale,
-                             PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
-        block = BLOCKS + tl.program_id(0) * 6
-        head = tl.program_id(1)
-        user = tl.load(block)
-        row0 = tl.load(block + 1)
-        rows = tl.load(block + 2)
-        pos0 = tl.load(block + 3)
-        step = tl.load(block + 4)
-        key_end = tl.minimum(tl.load(block + 5), pos0 + step * (rows - 1) + 1)
-        m = tl.arange(0, BLOCK_M)
-        d = tl.arange(0, HEAD_DIM)
-        n = tl.arange(0, BLOCK_N)
-        row_ok = m < rows
-        q = tl.load(Q + (row0 + m).to(tl.int64)[:, None] * stride_qt + head * stride_qh + d[None, :],
-                    mask=row_ok[:, None], other=0.0)
-        query_pos = pos0 + step * m
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-        pages = PAGE_TABLE + user.to(tl.int64) * stride_page_table
-        for start in range(0, key_end, BLOCK_N):
-            key_pos = start + n
-            key_ok = key_pos < key_end
-            page = tl.load(pages + key_pos // PAGE, mask=key_ok, other=0)
-            slot = page.to(tl.int64) * PAGE + key_pos % PAGE
-            offsets = slot[:, None] * stride_kt + head * stride_kh + d[None, :]
-            k = tl.load(K + offsets, mask=key_ok[:, None], other=0.0)
-            v = tl.load(V + offsets, mask=key_ok[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k))
-            w = s * tl.sigmoid(s)
-            w = tl.where(key_pos[None, :] <= query_pos[:, None], w, 0.0)
-            acc += tl.dot(w.to(v.dtype), v)
-        acc = acc * scale
-        tl.store(OUT + (row0 + m).to(tl.int64)[:, None] * stride_ot + head * stride_oh + d[None, :],
-                 acc.to(OUT.dtype.element_ty), mask=row_ok[:, None])
-
-    return hstu_paged_attention
+    # split: partial sums are added into zeros; otherwise every row is written exactly once
+    out = (torch.zeros if split else torch.empty)((tokens, heads, head_dim), dtype=torch.float32 if split else q.dtype,
+                                                  device=q.device)
+    if items.shape[0]:
+        hstu_paged_attention[(items.shape[0], heads)](
+            q, pool_k, pool_v, out, items, page_table,
+            q.stride(0), q.stride(1), pool_k.stride(0), pool_k.stride(1), out.stride(0), out.stride(1),
+            page_table.stride(0), 1.0 / normaliser,
+            PAGE=page_tokens, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, SPLIT=split,
+            FAST_SILU=q.is_cuda, num_warps=8, num_stages=3 if q.is_cuda and q.element_size() == 2 else 1,
+        )
+    return out.to(q.dtype) if split else out

@@ -1,0 +1,64 @@
+"""The Triton kernel behind `paged_attention` (see there for the work items and the masking rules)."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def silu(s, FAST: tl.constexpr):
+    if FAST:  # x * sigmoid(x) = x/2 * (1 + tanh(x/2)): one hardware tanh, no division
+        t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [s * 0.5], dtype=tl.float32,
+                                      is_pure=True, pack=1)
+        return s * 0.5 + s * 0.5 * t
+    return s * tl.sigmoid(s)
+
+@triton.jit
+def hstu_paged_attention(Q, K, V, OUT, ITEMS, PAGE_TABLE,
+                         stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
+                         stride_page_table, scale,
+                         PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr, FAST_SILU: tl.constexpr):
+    item = ITEMS + tl.program_id(0) * 7
+    head = tl.program_id(1)
+    user = tl.load(item)
+    row0 = tl.load(item + 1)
+    rows = tl.load(item + 2)
+    pos0 = tl.load(item + 3)
+    step = tl.load(item + 4)
+    key0 = tl.load(item + 5)
+    key_end = tl.load(item + 6)
+    m = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, HEAD_DIM)
+    n = tl.arange(0, BLOCK_N)
+    row_ok = m < rows
+    q = tl.load(Q + (row0 + m).to(tl.int64)[:, None] * stride_qt + head * stride_qh + d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    query_pos = pos0 + step * m
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    pages = PAGE_TABLE + user.to(tl.int64) * stride_page_table
+    # keys below the block's first position are seen by every row: no mask
+    unmasked_end = tl.maximum(key0, tl.minimum(key_end, (pos0 // BLOCK_N) * BLOCK_N))
+    for start in range(key0, unmasked_end, BLOCK_N):
+        key_pos = start + n
+        slot = tl.load(pages + key_pos // PAGE).to(tl.int64) * PAGE + key_pos % PAGE
+        offsets = slot[:, None] * stride_kt + head * stride_kh + d[None, :]
+        k = tl.load(K + offsets)
+        v = tl.load(V + offsets)
+        w = silu(tl.dot(q, tl.trans(k)), FAST_SILU)
+        acc += tl.dot(w.to(v.dtype), v)
+    for start in range(unmasked_end, key_end, BLOCK_N):
+        key_pos = start + n
+        key_ok = key_pos < key_end
+        slot = tl.load(pages + key_pos // PAGE, mask=key_ok, other=0).to(tl.int64) * PAGE + key_pos % PAGE
+        offsets = slot[:, None] * stride_kt + head * stride_kh + d[None, :]
+        k = tl.load(K + offsets, mask=key_ok[:, None], other=0.0)
+        v = tl.load(V + offsets, mask=key_ok[:, None], other=0.0)
+        w = silu(tl.dot(q, tl.trans(k)), FAST_SILU)
+        w = tl.where((key_pos[None, :] <= query_pos[:, None]) & key_ok[None, :], w, 0.0)
+        acc += tl.dot(w.to(v.dtype), v)
+    acc = acc * scale
+    out = OUT + (row0 + m).to(tl.int64)[:, None] * stride_ot + head * stride_oh + d[None, :]
+    if SPLIT:
+        tl.atomic_add(out, acc, mask=row_ok[:, None])
+    else:
+        tl.store(out, acc.to(OUT.dtype.element_ty), mask=row_ok[:, None])
