@@ -13,8 +13,8 @@ def silu(s, FAST: tl.constexpr):
     return s * tl.sigmoid(s)
 
 @triton.jit
-def hstu_paged_attention(Q, K, V, OUT, ITEMS, PAGE_TABLE,
-                         stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
+def hstu_paged_attention(Q, K_NEW, V_NEW, K, V, OUT, ITEMS, PAGE_TABLE,
+                         stride_qt, stride_qh, stride_nt, stride_nh, stride_kt, stride_kh, stride_ot, stride_oh,
                          stride_page_table, scale,
                          PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr, FAST_SILU: tl.constexpr):
@@ -35,6 +35,12 @@ def hstu_paged_attention(Q, K, V, OUT, ITEMS, PAGE_TABLE,
                 mask=row_ok[:, None], other=0.0)
     query_pos = pos0 + step * m
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    if (step == 0) & (key0 == 0):  # candidates see themselves (added once: by their first key chunk)
+        own = (row0 + m).to(tl.int64)[:, None] * stride_nt + head * stride_nh + d[None, :]
+        k_own = tl.load(K_NEW + own, mask=row_ok[:, None], other=0.0).to(tl.float32)
+        v_own = tl.load(V_NEW + own, mask=row_ok[:, None], other=0.0).to(tl.float32)
+        s_own = tl.sum(q.to(tl.float32) * k_own, axis=1)
+        acc += silu(s_own, FAST_SILU)[:, None] * v_own
     pages = PAGE_TABLE + user.to(tl.int64) * stride_page_table
     # keys below the block's first position are seen by every row: no mask
     unmasked_end = tl.maximum(key0, tl.minimum(key_end, (pos0 // BLOCK_N) * BLOCK_N))

@@ -88,11 +88,7 @@ class BatchedEngine:
                 if n_hist_all:
                     pool_k.index_copy_(0, slots_t, k[:n_hist_all])
                     pool_v.index_copy_(0, slots_t, v[:n_hist_all])
-                attn = paged_attention(q, pool_k, pool_v, page_table_t, plan, items_t, page, cfg.attn_normaliser)
-                # a candidate also sees itself; its key is never stored
-                qc, kc, vc = q[n_hist_all:], k[n_hist_all:], v[n_hist_all:]
-                own = F.silu((qc.float() * kc.float()).sum(-1, keepdim=True)) / cfg.attn_normaliser
-                attn[n_hist_all:] += (own * vc.float()).to(attn.dtype)
+                attn = paged_attention(q, k, v, pool_k, pool_v, page_table_t, plan, items_t, page, cfg.attn_normaliser)
                 x = x + layer.out(layer.norm_attn(attn.flatten(1)) * u)
             logits = model.head(x[n_hist_all:]).float()
         return logits.cpu().numpy().reshape(-1, 8)

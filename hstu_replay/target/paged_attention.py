@@ -3,8 +3,8 @@
 Queries are the request's new tokens, history first for every user, then every candidate. Keys
 and values are all in the page pool (the new history tokens' are written there before the
 call), found through each user's page table. A history query at position p sees keys 0..p; a
-candidate sees its user's whole history (its own key is added by the caller: candidates' keys
-are never stored). Weights are SiLU(q.k) / normaliser, no softmax, so no running maximum is
+candidate sees its user's whole history and itself (its own key and value come from `k`/`v`,
+the request's new keys: candidates' keys are never stored). Weights are SiLU(q.k) / normaliser, no softmax, so no running maximum is
 needed: each key's contribution simply adds up, and one query block's keys can be split over
 several programs whose partial sums are added atomically (split-K). That is what keeps a GPU busy
 when a fully cached request has only a few candidate blocks, each facing thousands of keys.
@@ -82,20 +82,23 @@ def _split_keys(items: np.ndarray, heads: int, min_programs: int) -> np.ndarray:
     return out
 
 
-def paged_attention(q: Tensor, pool_k: Tensor, pool_v: Tensor, page_table: Tensor, plan: WorkPlan, items: Tensor,
-                    page_tokens: int, normaliser: float) -> Tensor:
-    """q [T, H, D] (any strides, last contiguous); pool_k/v [slots, H, D]; page_table int32 [B, pages];
-    `items` is `plan.items` on q's device. Returns [T, H, D] in q's dtype."""
+def paged_attention(q: Tensor, k: Tensor, v: Tensor, pool_k: Tensor, pool_v: Tensor, page_table: Tensor,
+                    plan: WorkPlan, items: Tensor, page_tokens: int, normaliser: float) -> Tensor:
+    """q, k, v [T, H, D] the new tokens' (any strides, last contiguous); pool_k/v [slots, H, D];
+    page_table int32 [B, pages]; `items` is `plan.items` on q's device. Returns [T, H, D] in q's dtype."""
     if q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
-        return _triton_attention(q, pool_k, pool_v, page_table, plan.split, items, page_tokens, normaliser)
-    return reference_attention(q, pool_k, pool_v, page_table, items, page_tokens, normaliser)
+        return _triton_attention(q, k, v, pool_k, pool_v, page_table, plan.split, items, page_tokens, normaliser)
+    return reference_attention(q, k, v, pool_k, pool_v, page_table, items, page_tokens, normaliser)
 
 
-def reference_attention(q: Tensor, pool_k: Tensor, pool_v: Tensor, page_table: Tensor, items: Tensor,
-                        page_tokens: int, normaliser: float) -> Tensor:
+def reference_attention(q: Tensor, k_new: Tensor, v_new: Tensor, pool_k: Tensor, pool_v: Tensor, page_table: Tensor,
+                        items: Tensor, page_tokens: int, normaliser: float) -> Tensor:
     """The same computation in plain PyTorch, one item at a time (CPU serving and the kernel's check)."""
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     for user, row0, rows, pos0, step, key0, key_end in items.tolist():
+        if step == 0 and key0 == 0:  # candidates see themselves (added once: by their first key chunk)
+            own = F.silu((q[row0:row0 + rows].float() * k_new[row0:row0 + rows].float()).sum(-1, keepdim=True))
+            out[row0:row0 + rows] += own * v_new[row0:row0 + rows].float()
         key_pos = torch.arange(key0, key_end, device=q.device)
         slots = page_table[user].long()[key_pos // page_tokens] * page_tokens + key_pos % page_tokens
         k, v = pool_k[slots].transpose(0, 1), pool_v[slots].transpose(0, 1)  # [H, keys, D]
@@ -106,7 +109,7 @@ def reference_attention(q: Tensor, pool_k: Tensor, pool_v: Tensor, page_table: T
     return (out / normaliser).to(q.dtype)
 
 
-def _triton_attention(q, pool_k, pool_v, page_table, split, items, page_tokens, normaliser):
+def _triton_attention(q, k, v, pool_k, pool_v, page_table, split, items, page_tokens, normaliser):
     from hstu_replay.target.attention_kernel import hstu_paged_attention  # needs triton
 
     tokens, heads, head_dim = q.shape
@@ -115,8 +118,8 @@ def _triton_attention(q, pool_k, pool_v, page_table, split, items, page_tokens, 
                                                   device=q.device)
     if items.shape[0]:
         hstu_paged_attention[(items.shape[0], heads)](
-            q, pool_k, pool_v, out, items, page_table,
-            q.stride(0), q.stride(1), pool_k.stride(0), pool_k.stride(1), out.stride(0), out.stride(1),
+            q, k, v, pool_k, pool_v, out, items, page_table,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), pool_k.stride(0), pool_k.stride(1), out.stride(0), out.stride(1),
             page_table.stride(0), 1.0 / normaliser,
             PAGE=page_tokens, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, SPLIT=split,
             FAST_SILU=q.is_cuda, num_warps=8, num_stages=3 if q.is_cuda and q.element_size() == 2 else 1,
