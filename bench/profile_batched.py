@@ -53,6 +53,18 @@ def main() -> int:
             wall = (time.perf_counter() - started) * 1e3
         print(f"### {args.config} {args.dtype}, batch {args.batch}: {title}: {wall:.2f} ms wall")
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows))
+    # the host side of a fully cached request: where Python spends its time
+    import cProfile
+    import pstats
+
+    walls = []
+    profiler = cProfile.Profile()
+    for _ in range(20):
+        started = time.perf_counter()
+        profiler.runcall(engine.infer, request)
+        walls.append((time.perf_counter() - started) * 1e3)
+    print(f"### host profile, 20 fully cached requests: median {np.median(walls):.2f} ms wall (under cProfile)")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(args.rows * 2)
     return 0
 
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install hstu-replay with the reference target and test extras.
+# Create .venv (if missing) and install hstu-replay with the reference target and test extras
+# (gpu: triton, whose CPU interpreter the tests run the attention kernel in).
 # torch==2.13.0 goes first: any other torch spec may pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,4 +11,4 @@ fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[target,report,bench,test]"
+python -m pip install -q -e ".[target,gpu,report,bench,test]"

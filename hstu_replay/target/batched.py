@@ -62,23 +62,22 @@ class BatchedEngine:
         total = np.array([p.total for p in placed], dtype=np.int64)
         n_hist, n_cand = total - hit, np.array([len(u.candidates) for u in users], dtype=np.int64)
         hist_pos = np.concatenate([np.arange(p.hit, p.total) for p in placed])
-        page_table = np.zeros((len(users), max(len(p.pages) for p in placed)), dtype=np.int32)
+        page_table = np.zeros((len(users), max(len(p.pages) for p in placed)), dtype=np.int64)
         for row, p in zip(page_table, placed):
             row[:len(p.pages)] = p.pages
         owner = np.repeat(np.arange(len(users)), n_hist)
-        slots = page_table[owner, hist_pos // page].astype(np.int64) * page + hist_pos % page
-        ids = np.concatenate([history_ids(u)[p.hit:] for u, p in zip(users, placed)]
-                             + [np.asarray(u.candidates, dtype=np.int64) for u in users])
+        slots = page_table[owner, hist_pos // page] * page + hist_pos % page
+        ids = [history_ids(u)[p.hit:] for u, p in zip(users, placed) if p.hit < p.total]
+        ids += [np.asarray(u.candidates, dtype=np.int64) for u in users]
+        kinds = np.concatenate([history_kinds(torch.from_numpy(hist_pos)).numpy(),
+                                np.full(int(n_cand.sum()), ITEM_KIND, dtype=np.int64)])
         positions = np.concatenate([hist_pos, np.repeat(total, n_cand)])
-        kinds = torch.cat([history_kinds(torch.from_numpy(hist_pos)),
-                           torch.full((int(n_cand.sum()),), ITEM_KIND, dtype=torch.int64)])
         plan = WorkPlan.plan(hit, n_hist, n_cand, cfg.num_heads)
-
-        def to_device(a) -> torch.Tensor:
-            return torch.as_tensor(a).to(self.device, non_blocking=True)
-
-        ids_t, kinds_t, pos_t, slots_t = (to_device(a) for a in (ids, kinds, positions, slots))
-        page_table_t, items_t = to_device(page_table), to_device(plan.items)
+        # one host-to-device copy for every index the forward needs
+        parts = [np.concatenate(ids), kinds, positions, slots, page_table.ravel(), plan.items.ravel()]
+        packed = torch.from_numpy(np.concatenate(parts)).to(self.device, non_blocking=True)
+        ids_t, kinds_t, pos_t, slots_t, table_t, items_t = packed.split([len(part) for part in parts])
+        page_table_t, items_t = table_t.view(page_table.shape), items_t.view(plan.items.shape)
         n_hist_all = len(hist_pos)
         with torch.inference_mode():
             x = model.embed(ids_t, kinds_t, pos_t)
