@@ -25,5 +25,5 @@ grep -q "hstu-replay: serving" "$OUT/server.log" || { tail -20 "$OUT/server.log"
 $PY -m locust -f locustfiles/hstu.py --headless --only-summary -u 1 -r 1 \
     --triton-url 127.0.0.1:18001 --workload sessions --store "$OUT/store" --candidates "$CANDIDATES" \
     --max-history "$HISTORY" --max-values 70000 --hit-ratios 0,0.25,0.5,0.75,0.9,1.0 --batch-sizes 1,8 \
-    --stage-seconds 8 --warmup-seconds 2 --report-dir "$OUT/report" --loglevel WARNING
+    --stage-seconds 6 --warmup-seconds 2 --report-dir "$OUT/report" --loglevel WARNING
 echo "locust exit $?"
