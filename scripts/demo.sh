@@ -4,6 +4,7 @@
 # then run a short headless hit-ratio sweep with verification and leave the HTML report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/serve_wait.sh
 bash scripts/setup.sh
 . .venv/bin/activate
 
@@ -24,12 +25,7 @@ hstu-replay target serve --repository "$REPO" --http-port "$HTTP_PORT" --grpc-po
     --metrics-port "$METRICS_PORT" --cache-metrics-port "$CACHE_METRICS_PORT" >"$OUT/server.log" 2>&1 &
 SERVER=$!
 trap 'kill -INT $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 1 120); do  # bounded wait for readiness (60 s)
-    grep -q "hstu-replay: serving" "$OUT/server.log" 2>/dev/null && break
-    kill -0 $SERVER 2>/dev/null || { tail -5 "$OUT/server.log"; exit 1; }
-    sleep 0.5
-done
-grep -q "hstu-replay: serving" "$OUT/server.log" || { echo "server did not become ready"; exit 1; }
+wait_until_serving "$OUT/server.log" $SERVER 60
 
 locust -f locustfiles/hstu.py --headless --only-summary -u 1 -r 1 \
     --triton-url "127.0.0.1:$GRPC_PORT" --workload dumps --dump-dir "$OUT/dumps" \
