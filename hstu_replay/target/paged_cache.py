@@ -40,8 +40,13 @@ class PagedKVCache:
         self.num_pages = self.ledger.budget_pages + request_pages
         shape = (config.num_layers, self.num_pages * page_tokens, config.num_heads, config.head_dim)
         # K and V of token slot s (page s // page_tokens) at layer l: pool_k[l, s], pool_v[l, s]
-        self.pool_k = torch.empty(shape, dtype=dtype, device=device)
-        self.pool_v = torch.empty(shape, dtype=dtype, device=device)
+        try:
+            self.pool_k = torch.empty(shape, dtype=dtype, device=device)
+            self.pool_v = torch.empty(shape, dtype=dtype, device=device)
+        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+            gib = 2 * torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size() / 2**30
+            raise LimitError(f"the KV pool ({budget_tokens} tokens + one request: {gib:.1f} GiB) does not fit "
+                             f"on {device}; lower --cache-budget-tokens ({str(exc).splitlines()[0]})") from None
         self._pages: dict[int, list[int]] = {}  # key -> its pages, in token order
         self._free = list(range(self.num_pages - 1, -1, -1))  # a stack: low pages first
         self.hit_tokens = self.computed_tokens = self.evicted_users = self.requests = 0

@@ -172,3 +172,8 @@ def test_the_pool_never_runs_out_and_every_page_is_owned_or_free(budget, page_to
             c.clear()
             owned.clear()
             assert c.free_pages == c.num_pages
+
+
+def test_a_pool_that_does_not_fit_is_refused_in_one_line():
+    with pytest.raises(LimitError, match="does not fit on cpu; lower --cache-budget-tokens"):
+        PagedKVCache(get_config("small"), 10**15, 32, "cpu", torch.float32)
