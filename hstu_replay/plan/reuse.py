@@ -16,6 +16,8 @@ def warm_items(target: float, held_tokens: int, sent_items: int, max_items: int)
     if target <= 0 or held_tokens <= 0:
         return None
     items = round((held_tokens / target - NUM_CONTEXT_TOKENS) / 2)
+    if target < 1 and items <= sent_items:  # too short to grow by a whole item: it would be a full hit
+        return None
     return items if sent_items <= items <= max_items else None
 
 

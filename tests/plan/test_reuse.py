@@ -16,6 +16,12 @@ def test_warm_full_hit_repeats_the_history():
     assert warm_items(1.0, history_tokens(50), 50, 4096) == 50
 
 
+def test_a_warm_key_too_short_to_grow_is_not_repeated_below_full_hits():
+    # 1 item held (8 tokens): 0.9 would need 8 / 0.9 = 8.9 tokens, which rounds back to 1 item
+    assert warm_items(0.9, history_tokens(1), 1, 4096) is None
+    assert warm_items(1.0, history_tokens(1), 1, 4096) == 1
+
+
 def test_warm_out_of_reach_returns_none():
     assert warm_items(0.1, history_tokens(1000), 1000, 4096) is None  # would need 10x the history
     assert warm_items(0.0, 100, 10, 4096) is None
