@@ -30,11 +30,8 @@ import os
 import pstats
 import resource
 import shlex
-import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
@@ -46,10 +43,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hstu_replay.interface import KVCACHE, NUM_TASKS, Limits  # noqa: E402
+from hstu_replay.interface import KVCACHE, Limits  # noqa: E402
 from hstu_replay.plan.step import PlannedStep  # noqa: E402
 from hstu_replay.request import RequestTensors, UserRequest, build_request  # noqa: E402
-from hstu_replay.target.serve import free_ports  # noqa: E402
+
+from null_model import start_null  # noqa: E402
 
 if TYPE_CHECKING:
     from hstu_replay.client.triton import TritonClient
@@ -57,7 +55,6 @@ if TYPE_CHECKING:
 BIN = Path(sys.executable).parent
 OUT = ROOT / "runs" / "loadgen-bench"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-READY = "loadgen-bench: dummy model ready"
 BATCH, HISTORY, CANDIDATES = 8, 4096, 100
 LIMITS = Limits(max_values=70_000)
 #: perf_analyzer and plain tritonclient at this request size (/work/shared/reference/toolchain-notes.md)
@@ -67,87 +64,6 @@ MALLOC_FIXED = (("MALLOC_MMAP_THRESHOLD_", str(8 << 20)), ("MALLOC_TRIM_THRESHOL
 NOTES = (("perf_analyzer (C++), notes", 470.0, 0.37),
          ("tritonclient.grpc, InferInputs reused, notes", 510.0, 0.33),
          ("tritonclient.grpc, fresh inputs per request, notes", 330.0, 1.2))
-
-
-# -- the do-nothing model (child process) -----------------------------------------------------
-
-def _zeros(requests: list) -> list[dict[str, np.ndarray]]:
-    """Answer every request with zeros of the right shape: sum(INPUT__2) rows of 8 logits."""
-    out = []
-    for request in requests:
-        candidates = np.asarray(request["INPUT__2"])
-        out.append({"OUTPUT__0": np.zeros((int(candidates.sum()), NUM_TASKS), dtype=np.float32),
-                    "OUTPUT__1": np.zeros(len(candidates), dtype=np.int64)})
-    return out
-
-
-def serve_dummy(grpc_port: int, http_port: int, metrics_port: int) -> None:
-    """Child process: host `hstu_gr_ranking_kvcache` returning zeros until SIGTERM."""
-    from hstu_replay.target.serve import PROTECTED_ENDPOINTS, _python_backend_env
-
-    _python_backend_env()
-    from pytriton.model_config import ModelConfig, Tensor
-    from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
-
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    dtypes = {"INT64": np.int64, "FP32": np.float32}
-    config = TritonConfig(http_address="127.0.0.1", http_port=http_port, grpc_address="127.0.0.1",
-                          grpc_port=grpc_port, metrics_address="127.0.0.1", metrics_port=metrics_port,
-                          exit_on_error=True)
-    with Triton(config=config, security_config=TritonSecurityConfig(restricted_endpoints=PROTECTED_ENDPOINTS)) as triton:
-        triton.bind(KVCACHE.model_name, _zeros,
-                    inputs=[Tensor(name=t.name, dtype=dtypes[t.dtype], shape=t.dims) for t in KVCACHE.inputs],
-                    outputs=[Tensor(name=t.name, dtype=dtypes[t.dtype], shape=t.dims) for t in KVCACHE.outputs],
-                    config=ModelConfig(batching=False))
-        triton.run()
-        print(READY, flush=True)
-        while not stop.wait(0.5):
-            if not triton.is_alive():
-                raise SystemExit("tritonserver exited unexpectedly")
-
-
-
-
-@dataclass
-class DummyServer:
-    """The child process hosting the do-nothing model."""
-
-    process: subprocess.Popen
-    grpc_url: str
-
-    @classmethod
-    def start(cls, log: Path, timeout_s: float = 120.0) -> DummyServer:
-        grpc, http, metrics = free_ports(3)
-        command = [sys.executable, __file__, "--serve-dummy", str(grpc), str(http), str(metrics)]
-        with log.open("w") as out:
-            # its own process group: tritonserver and the backend stubs are its children
-            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                       start_new_session=True)
-        server = cls(process, f"127.0.0.1:{grpc}")
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and process.poll() is None:
-            if READY in log.read_text(errors="replace"):
-                return server
-            time.sleep(0.25)
-        server.stop(timeout_s=5)
-        raise SystemExit(f"dummy model did not start; see {log}")
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM (PyTriton stops tritonserver), then SIGKILL to the whole group if it hangs."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-                return
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)  # the group this object started
-        except ProcessLookupError:
-            pass
-        self.process.wait(10)
 
 
 # -- CPU, memory and load readings from /proc ------------------------------------------------
@@ -738,16 +654,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--locust-seconds", type=float, default=20.0, help="measured seconds per Locust run")
     parser.add_argument("--max-load", type=float, default=1.2, help="first wait for the 1-min load below this (0: no)")
     parser.add_argument("--max-wait", type=float, default=600.0, help="longest wait for a quiet machine, s")
-    parser.add_argument("--serve-dummy", nargs=3, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--gevent-loop", nargs=4, help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
 def main() -> int:
     args = parse_args()
-    if args.serve_dummy:
-        serve_dummy(*args.serve_dummy)
-        return 0
     if args.gevent_loop:
         url, pid, seconds, requests = args.gevent_loop
         gevent_loop(url, int(pid), float(seconds), int(requests), str(args.store))
@@ -764,20 +676,20 @@ def main() -> int:
     if args.max_load > 0:
         print("before measuring: " + wait_for_quiet(args.max_load, args.max_wait), flush=True)
     measuring = time.monotonic()
-    server = DummyServer.start(OUT / "dummy-server.log")
+    server = start_null(KVCACHE, OUT / "dummy-server.log")
     try:
         pid = server.process.pid
-        windows = client_windows(server.grpc_url, users, args, pid)
-        gevent_window = run_gevent_loop(server.grpc_url, pid, args, store_dir)
+        windows = client_windows(server.url, users, args, pid)
+        gevent_window = run_gevent_loop(server.url, pid, args, store_dir)
         windows += [gevent_window] if gevent_window else []
-        profile = profile_client(server.grpc_url, users)
+        profile = profile_client(server.url, users)
         hstu, full = ROOT / "locustfiles" / "hstu.py", ROOT / "bench" / "locust_full_length.py"
         cases = [LocustCase("hstu.py sessions, h=1.0", "sessions-h1.0", hstu, "1.0"),
                  LocustCase("hstu.py sessions, h=0.5", "sessions-h0.5", hstu, "0.5"),
                  LocustCase("bench/locust_full_length.py, h=0", "full-length", full, "0"),
                  LocustCase("bench/locust_full_length.py, h=0, malloc thresholds fixed", "full-length-malloc",
                             full, "0", MALLOC_FIXED)]
-        results = [run_locust(c, server.grpc_url, store_dir, args.locust_seconds, pid) for c in cases]
+        results = [run_locust(c, server.url, store_dir, args.locust_seconds, pid) for c in cases]
     finally:
         server.stop()
     planning = planning_costs(store)

@@ -31,12 +31,9 @@ import glob
 import os
 import resource
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import sysconfig
-import threading
 import time
 import zipfile
 from dataclasses import dataclass
@@ -47,17 +44,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hstu_replay.interface import NOCACHE, NUM_TASKS, Limits  # noqa: E402
+from hstu_replay.interface import NOCACHE, Limits  # noqa: E402
 from hstu_replay.request import RequestTensors, UserRequest, build_request  # noqa: E402
 from hstu_replay.target.serve import free_ports  # noqa: E402
+
+from null_model import ChildServer, start_null  # noqa: E402
 
 PA_DIR = ROOT / "runs" / "perf_analyzer"
 PA_BIN = PA_DIR / "perf_analyzer"
 PA_WHEEL = "tritonclient==2.51.0"
-READY = "perf-analyzer-compare: null model ready"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-#: the do-nothing server keeps statistics open, as `target serve` does
-RESTRICTED = ["shared-memory", "model-repository", "trace", "logging"]
 
 
 class Unavailable(Exception):
@@ -121,88 +117,15 @@ def obtain_perf_analyzer() -> dict[str, str]:
 
 # -- servers ------------------------------------------------------------------------------------
 
-def serve_null(grpc_port: int, http_port: int, metrics_port: int) -> None:
-    """Child process: `hstu_gr_ranking` answering zeros of the right shape, until SIGTERM."""
-    from pytriton.model_config import ModelConfig, Tensor
-    from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
-
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    zeros: dict[int, np.ndarray] = {}
-
-    def infer(requests):
-        out = []
-        for request in requests:
-            rows = int(np.asarray(request["INPUT__2"]).sum())
-            out.append({"OUTPUT__0": zeros.setdefault(rows, np.zeros((rows, NUM_TASKS), dtype=np.float32))})
-        return out
-
-    config = TritonConfig(http_address="127.0.0.1", http_port=http_port, grpc_address="127.0.0.1",
-                          grpc_port=grpc_port, metrics_address="127.0.0.1", metrics_port=metrics_port,
-                          exit_on_error=True)
-    with Triton(config=config, security_config=TritonSecurityConfig(restricted_endpoints=RESTRICTED)) as triton:
-        triton.bind(NOCACHE.model_name, infer,
-                    inputs=[Tensor(name=t.name, dtype=np.int64, shape=t.dims) for t in NOCACHE.inputs],
-                    outputs=[Tensor(name="OUTPUT__0", dtype=np.float32, shape=(-1, NUM_TASKS))],
-                    config=ModelConfig(batching=False))
-        triton.run()
-        print(READY, flush=True)
-        while not stop.wait(0.5):
-            if not triton.is_alive():
-                raise SystemExit("tritonserver exited unexpectedly")
-
-
-
-
-@dataclass
-class Server:
-    process: subprocess.Popen
-    grpc_port: int
-    log: Path
-
-    @property
-    def url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM; if it hangs, SIGKILL to the process group this script created for it."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-                return
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait(10)
-
-
-def start_server(kind: str, repository: Path, log: Path, ready_s: float = 180.0) -> Server:
-    grpc, http, metrics, cache = free_ports(4)
-    libdir = sysconfig.get_config_var("LIBDIR") or ""  # the backend stub must load this interpreter's libpython
-    env = dict(os.environ, LD_LIBRARY_PATH=f"{libdir}:{os.environ.get('LD_LIBRARY_PATH', '')}".rstrip(":"))
+def start_server(kind: str, repository: Path, log: Path, ready_s: float = 180.0) -> ChildServer:
+    """The do-nothing `hstu_gr_ranking` or `hstu-replay target serve` in a child process, on free ports."""
     if kind == "null":
-        command, ready = [sys.executable, __file__, "--serve-null", str(grpc), str(http), str(metrics)], READY
-    else:
-        command = [str(Path(sys.executable).parent / "hstu-replay"), "target", "serve", "--repository",
-                   str(repository), "--device", "cpu", "--grpc-port", str(grpc), "--http-port", str(http),
-                   "--metrics-port", str(metrics), "--cache-metrics-port", str(cache)]
-        ready = "hstu-replay: serving"
-    with log.open("w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
-                                   start_new_session=True)
-    server = Server(process, grpc, log)
-    deadline = time.monotonic() + ready_s
-    while time.monotonic() < deadline and process.poll() is None:
-        if ready in log.read_text(errors="replace"):
-            return server
-        time.sleep(0.25)
-    server.stop(5)
-    raise SystemExit(f"server did not start; see {log}")
+        return start_null(NOCACHE, log, ready_s)
+    grpc, http, metrics, cache = free_ports(4)
+    command = [str(Path(sys.executable).parent / "hstu-replay"), "target", "serve", "--repository",
+               str(repository), "--device", "cpu", "--grpc-port", str(grpc), "--http-port", str(http),
+               "--metrics-port", str(metrics), "--cache-metrics-port", str(cache)]
+    return ChildServer.launch(command, grpc, log, "hstu-replay: serving", ready_s)
 
 
 def server_count(client, model: str) -> int:
@@ -437,12 +360,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=240.0, help="kill perf_analyzer after this many s")
     parser.add_argument("--max-load", type=float, default=1.2, help="wait for a 1-min load below this")
     parser.add_argument("--max-wait", type=float, default=600.0, help="longest wait for a quiet machine, s")
-    parser.add_argument("--serve-null", nargs=3, type=int, metavar=("GRPC", "HTTP", "METRICS"),
-                        help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve_null:
-        serve_null(*args.serve_null)
-        return 0
     try:
         env = obtain_perf_analyzer()
     except Unavailable as exc:
