@@ -46,9 +46,9 @@ class WorkPlan:
         cand_blocks = -(-n_cand // block_m)
         # history blocks, all users, then candidate blocks: (user, index of the block in its part)
         hist_user = np.repeat(np.arange(len(past)), hist_blocks)
-        hist_first = (np.arange(len(hist_user)) - np.repeat(np.cumsum(hist_blocks) - hist_blocks, hist_blocks)) * block_m
+        hist_first = _index_in_group(hist_blocks) * block_m
         cand_user = np.repeat(np.arange(len(past)), cand_blocks)
-        cand_first = (np.arange(len(cand_user)) - np.repeat(np.cumsum(cand_blocks) - cand_blocks, cand_blocks)) * block_m
+        cand_first = _index_in_group(cand_blocks) * block_m
         hist_row0 = np.cumsum(n_hist) - n_hist
         cand_row0 = n_hist.sum() + np.cumsum(n_cand) - n_cand
         items = np.concatenate([
@@ -76,10 +76,14 @@ def _split_keys(items: np.ndarray, heads: int, min_programs: int) -> np.ndarray:
     chunk = -(-chunk // BLOCK_N) * BLOCK_N
     pieces = np.maximum(1, -(-items[:, _KEY_END] // chunk))
     out = np.repeat(items, pieces, axis=0)
-    index = np.arange(len(out)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
-    out[:, _KEY0] = index * chunk
+    out[:, _KEY0] = _index_in_group(pieces) * chunk
     out[:, _KEY_END] = np.minimum(out[:, _KEY_END], out[:, _KEY0] + chunk)
     return out
+
+
+def _index_in_group(counts: np.ndarray) -> np.ndarray:
+    """For groups of `counts` elements laid end to end: each element's index inside its group."""
+    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 def paged_attention(q: Tensor, k: Tensor, v: Tensor, pool_k: Tensor, pool_v: Tensor, page_table: Tensor,
