@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from hstu_replay.errors import HstuReplayError
-from hstu_replay.report.summary import build_report, format_table, latency_table
+from hstu_replay.report.summary import RATIO_TOLERANCE, build_report, format_table, latency_table, off_target_stages
 from hstu_replay.report.thresholds import evaluate, parse_thresholds, verdict
 from hstu_replay.report.writers import write_reports
 
@@ -56,6 +56,9 @@ def write_final_report(environment, final: bool = False) -> dict:
         if lost:
             print(f"hstu-replay: warning: {lost} requests found less cached than predicted "
                   "(server restarted, cache emptied or evicted beyond the capacity model)", file=sys.stderr, flush=True)
+        for stage in off_target_stages(report):
+            print(f"hstu-replay: warning: stage {stage['name']} achieved hit ratio {stage['achieved_ratio']:.3f}, "
+                  f"more than {RATIO_TOLERANCE} from its target {stage['target_ratio']:g}", file=sys.stderr, flush=True)
         outcome = report["thresholds"]
         if not any(b["requests"] for b in report["bins"]):
             print("hstu-replay: error: no request was measured (see the errors above)", file=sys.stderr, flush=True)

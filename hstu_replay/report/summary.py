@@ -140,6 +140,16 @@ def build_report(
 
 # -- the terminal table --------------------------------------------------------------------
 
+#: A stage whose achieved hit ratio is farther than this from its target is reported as off target.
+RATIO_TOLERANCE = 0.05
+
+
+def off_target_stages(report: dict, tolerance: float = RATIO_TOLERANCE) -> list[dict]:
+    """Measured stages whose achieved hit ratio missed the target (a planner or server problem)."""
+    return [s for s in report["stages"]
+            if s["requests"] and abs(s["achieved_ratio"] - s["target_ratio"]) > tolerance]
+
+
 TABLE_HEADER = ["batch", "target", "achieved", "requests", "req/s", "mean ms", "p50 ms",
                 "p90 ms", "p99 ms", "p99.9 ms", "speed-up"]
 

@@ -5,7 +5,7 @@ from datetime import datetime, timezone
 import pytest
 
 import hstu_replay
-from hstu_replay.report.summary import build_report, format_table, jsonable, latency_table
+from hstu_replay.report.summary import build_report, format_table, jsonable, latency_table, off_target_stages
 from hstu_replay.stats.histogram import LatencyHistogram
 from hstu_replay.stats.run_stats import BinKey, BinStats, RunStats
 
@@ -145,3 +145,13 @@ def test_format_table_aligns_right():
     text = format_table([["a", "bbb"], ["1000", "2"]])
     assert text.splitlines() == ["   a  bbb", "----  ---", "1000    2"]
     assert format_table([]) == ""
+
+
+def test_stages_that_missed_their_target_ratio_are_named():
+    stages = [
+        {"name": "b1_h0.90", "requests": 10, "target_ratio": 0.9, "achieved_ratio": 1.0},  # missed
+        {"name": "b1_h0.75", "requests": 10, "target_ratio": 0.75, "achieved_ratio": 0.76},
+        {"name": "b8_h0.50", "requests": 0, "target_ratio": 0.5, "achieved_ratio": 0.0},  # nothing measured
+        {"name": "b8_h0.25", "requests": 3, "target_ratio": 0.25, "achieved_ratio": 0.18},  # missed
+    ]
+    assert [s["name"] for s in off_target_stages({"stages": stages})] == ["b1_h0.90", "b8_h0.25"]
