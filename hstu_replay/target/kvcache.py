@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from hstu_replay.cache_ledger import CacheLedger
+from hstu_replay.cache_ledger import CacheLedger, LedgerOutcome
 
 
 @dataclass(frozen=True)
@@ -28,11 +28,42 @@ class CacheEntry:
         return int(self.k.shape[1])
 
 
+@dataclass
+class CacheCounters:
+    """What a target cache did since it started or was last cleared (the control model's and /metrics' figures)."""
+
+    hit_tokens: int = 0
+    computed_tokens: int = 0
+    evicted_users: int = 0
+    requests: int = 0
+
+    def count(self, outcome: LedgerOutcome, total_history_lengths: Sequence[int]) -> None:
+        """One request the ledger served."""
+        self.evicted_users += len(outcome.evicted)
+        self.requests += 1
+        for hit, total in zip(outcome.hits, total_history_lengths):
+            self.hit_tokens += hit
+            self.computed_tokens += total - hit
+
+    def stats(self, ledger: CacheLedger, resident_users: int) -> dict[str, int]:
+        return {
+            "hit_tokens": self.hit_tokens,
+            "computed_tokens": self.computed_tokens,
+            "evicted_users": self.evicted_users,
+            "requests": self.requests,
+            "resident_users": resident_users,
+            "resident_tokens": ledger.resident_tokens,
+            "used_pages": ledger.resident_pages,
+            "budget_pages": -1 if ledger.budget_pages is None else ledger.budget_pages,
+            "page_tokens": ledger.page_tokens,
+        }
+
+
 class KVCache:
     def __init__(self, max_tokens: int | None, page_tokens: int = 32) -> None:
         self.ledger = CacheLedger(max_tokens, page_tokens)
         self._entries: dict[int, CacheEntry] = {}
-        self.hit_tokens = self.computed_tokens = self.evicted_users = self.requests = 0
+        self.counters = CacheCounters()
 
     def held(self, key: int) -> int:
         return self.ledger.held(key)
@@ -57,11 +88,7 @@ class KVCache:
         outcome = self.ledger.serve(list(zip(keys, total_history_lengths)))
         for key in outcome.evicted:
             self._entries.pop(key, None)
-        self.evicted_users += len(outcome.evicted)
-        self.requests += 1
-        for hit, total in zip(outcome.hits, total_history_lengths):
-            self.hit_tokens += hit
-            self.computed_tokens += total - hit
+        self.counters.count(outcome, total_history_lengths)
         return list(zip(outcome.hits, entries))
 
     def store(self, key: int, k: Tensor, v: Tensor) -> bool:
@@ -81,17 +108,7 @@ class KVCache:
         """Drop every entry and zero the counters: what a server restart does."""
         self.ledger.clear()
         self._entries.clear()
-        self.hit_tokens = self.computed_tokens = self.evicted_users = self.requests = 0
+        self.counters = CacheCounters()
 
     def stats(self) -> dict[str, int]:
-        return {
-            "hit_tokens": self.hit_tokens,
-            "computed_tokens": self.computed_tokens,
-            "evicted_users": self.evicted_users,
-            "requests": self.requests,
-            "resident_users": len(self._entries),
-            "resident_tokens": self.ledger.resident_tokens,
-            "used_pages": self.ledger.resident_pages,
-            "budget_pages": -1 if self.ledger.budget_pages is None else self.ledger.budget_pages,
-            "page_tokens": self.ledger.page_tokens,
-        }
+        return self.counters.stats(self.ledger, len(self._entries))

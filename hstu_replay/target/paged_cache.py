@@ -17,6 +17,7 @@ import torch
 from hstu_replay.cache_ledger import CacheLedger, pages
 from hstu_replay.errors import LimitError
 from hstu_replay.target.config import ModelConfig
+from hstu_replay.target.kvcache import CacheCounters
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class PagedKVCache:
                              f"on {device}; lower --cache-budget-tokens ({str(exc).splitlines()[0]})") from None
         self._pages: dict[int, list[int]] = {}  # key -> its pages, in token order
         self._free = list(range(self.num_pages - 1, -1, -1))  # a stack: low pages first
-        self.hit_tokens = self.computed_tokens = self.evicted_users = self.requests = 0
+        self.counters = CacheCounters()
 
     def held(self, key: int) -> int:
         return self.ledger.held(key)
@@ -62,16 +63,13 @@ class PagedKVCache:
         outcome = self.ledger.serve(list(zip(keys, totals)))
         for key in outcome.evicted:
             self._release(key)
-        self.evicted_users += len(outcome.evicted)
-        self.requests += 1
+        self.counters.count(outcome, totals)
         users = []
         for key, total, hit in zip(keys, totals, outcome.hits):
             owned = self._pages.setdefault(key, [])
             for _ in range(pages(total, self.page_tokens) - len(owned)):
                 owned.append(self._free.pop())
             users.append(UserPages(key, hit, total, tuple(owned)))
-            self.hit_tokens += hit
-            self.computed_tokens += total - hit
         return users
 
     def finish(self) -> None:
@@ -88,7 +86,7 @@ class PagedKVCache:
         self.ledger.clear()
         for key in list(self._pages):
             self._release(key)
-        self.hit_tokens = self.computed_tokens = self.evicted_users = self.requests = 0
+        self.counters = CacheCounters()
 
     def _release(self, key: int) -> None:
         self._free.extend(reversed(self._pages.pop(key, [])))
@@ -98,14 +96,4 @@ class PagedKVCache:
         return len(self._free)
 
     def stats(self) -> dict[str, int]:
-        return {
-            "hit_tokens": self.hit_tokens,
-            "computed_tokens": self.computed_tokens,
-            "evicted_users": self.evicted_users,
-            "requests": self.requests,
-            "resident_users": len(self.ledger),
-            "resident_tokens": self.ledger.resident_tokens,
-            "used_pages": self.ledger.resident_pages,
-            "budget_pages": self.ledger.budget_pages,
-            "page_tokens": self.page_tokens,
-        }
+        return self.counters.stats(self.ledger, len(self.ledger))

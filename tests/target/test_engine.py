@@ -125,7 +125,7 @@ def test_eviction_under_a_small_budget():
     serve(eng, a)  # a hit; 1 is now the most recent
     d = make_user(4, 5, 1)
     serve(eng, d)  # needs a page: LRU is 2
-    assert eng.cache.keys() == [3, 1, 4] and eng.cache.evicted_users == 1
+    assert eng.cache.keys() == [3, 1, 4] and eng.cache.stats()["evicted_users"] == 1
     assert serve(eng, b).cached_tokens.tolist() == [0]  # evicted: cold again (and evicts 3)
     assert eng.cache.keys() == [1, 4, 2]
 
@@ -136,7 +136,7 @@ def test_running_users_are_not_evicted_by_each_other():
     serve(eng, prefix(grown_a, 13), prefix(grown_b, 13))  # 32 tokens: 1 page each
     result = serve(eng, grown_a, grown_b)  # a can't grow while b is protected; b can't either
     assert result.cached_tokens.tolist() == [32, 32]
-    assert 2 in eng.cache and 1 not in eng.cache and eng.cache.evicted_users == 0
+    assert 2 in eng.cache and 1 not in eng.cache and eng.cache.stats()["evicted_users"] == 0
     np.testing.assert_allclose(result.logits, serve(cold_engine(), grown_a, grown_b).logits, atol=ATOL, rtol=0)
 
 

@@ -33,7 +33,7 @@ def test_lru_eviction_in_pages_drops_the_tensors_too():
     serve(cache, (2, 32))  # 1 page
     serve(cache, (1, 40))  # 1 becomes the most recent
     serve(cache, (3, 40))  # 2 pages: 2 (LRU) goes
-    assert cache.keys() == [1, 3] and 2 not in cache and cache.evicted_users == 1
+    assert cache.keys() == [1, 3] and 2 not in cache and cache.stats()["evicted_users"] == 1
     assert cache.stats()["used_pages"] == 4
 
 
