@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +35,7 @@ def main() -> int:
     parser.add_argument("--candidates", type=int, default=100)
     parser.add_argument("--rows", type=int, default=12, help="table rows")
     args = parser.parse_args()
-    model = build_model(replace(get_config(args.config), dtype=args.dtype)).to("cuda")
+    model = build_model(get_config(args.config, args.dtype)).to("cuda")
     engine = build_batched_engine(model, 1 << 20, 32)
     rng = np.random.default_rng(0)
     for _ in range(3):  # compile the kernel, warm the allocator

@@ -363,12 +363,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def model_config(settings: Settings):
-    from dataclasses import replace
-
     from hstu_replay.target.config import get_config
 
-    config = get_config(settings.config)
-    return replace(config, dtype=settings.dtype or config.dtype)
+    return get_config(settings.config, settings.dtype)
 
 
 def load1() -> float:

@@ -72,8 +72,6 @@ def _export(args) -> int:
 
 
 def _serve(args) -> int:
-    from dataclasses import replace
-
     from hstu_replay.target.build import ENGINE_KINDS
     from hstu_replay.target.config import get_config
     from hstu_replay.target.serve import ServeOptions, check_ports_free, serve
@@ -82,8 +80,7 @@ def _serve(args) -> int:
                            args.log_verbose)
     check_ports_free(options)
     device = _device(args.device)
-    config = get_config(args.config)
-    config = replace(config, dtype=args.dtype or config.dtype)
+    config = get_config(args.config, args.dtype)
     engines = ENGINE_KINDS[args.engine](args.repository, config, args.seed, args.cache_budget_tokens,
                                         args.page_tokens, device)
     serve(engines, options)

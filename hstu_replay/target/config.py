@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import NUM_CONTEXT_TOKENS, history_tokens
@@ -95,8 +95,10 @@ CONFIGS: dict[str, ModelConfig] = {
 }
 
 
-def get_config(name: str) -> ModelConfig:
+def get_config(name: str, dtype: str | None = None) -> ModelConfig:
+    """The named config, in `dtype` when one is given (else the config's own)."""
     try:
-        return CONFIGS[name]
+        config = CONFIGS[name]
     except KeyError:
         raise ConfigError(f"unknown model config {name!r}; known: {', '.join(sorted(CONFIGS))}") from None
+    return config if dtype is None else replace(config, dtype=dtype)
