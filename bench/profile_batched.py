@@ -16,14 +16,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine_agreement import users  # noqa: E402  (this folder is on sys.path)
-from hstu_replay.interface import Limits  # noqa: E402
+from target_latency_bench import LIMITS  # noqa: E402
 from hstu_replay.request import build_request  # noqa: E402
 from hstu_replay.target.batched import build_batched_engine  # noqa: E402
 from hstu_replay.target.config import get_config  # noqa: E402
 from hstu_replay.target.model import build_model  # noqa: E402
-
-
-LIMITS = Limits(max_values=10**7, max_candidates=10**4, max_history=10**6)  # beyond the published 40,000 values
 
 
 def main() -> int:
