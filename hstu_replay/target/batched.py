@@ -47,7 +47,7 @@ class BatchedEngine:
                     self.cache.forget(key)
                 raise
             finally:
-                self.cache.finish()
+                self.cache.finish(keys)
         hits = np.array([p.hit for p in placed], dtype=np.int64)
         return InferResult(logits, hits, np.array(totals, dtype=np.int64) - hits)
 

@@ -72,10 +72,13 @@ class PagedKVCache:
             users.append(UserPages(key, hit, total, tuple(owned)))
         return users
 
-    def finish(self) -> None:
-        """After the request: release the pages of users the ledger did not keep."""
-        for key in [k for k in self._pages if self.ledger.held(k) == 0]:
-            self._release(key)
+    def finish(self, keys: Sequence[int]) -> None:
+        """After the request of `keys`: release the pages of its users the ledger did not keep.
+
+        Only they can hold pages unkept: `begin` releases evicted users, `forget` failed ones."""
+        for key in keys:
+            if self.ledger.held(key) == 0:
+                self._release(key)
 
     def forget(self, key: int) -> None:
         """Hold nothing for `key` (a request that failed half-way)."""

@@ -24,7 +24,7 @@ def cache(budget_tokens=128, page_tokens=PAGE, config=TINY):
 def request(c, *pairs):
     """begin + finish of one request of (key, total) pairs; the users' pages as begin gave them."""
     placed = c.begin([k for k, _ in pairs], [t for _, t in pairs])
-    c.finish()
+    c.finish([k for k, _ in pairs])
     return {p.key: p for p in placed}
 
 
@@ -62,7 +62,7 @@ def test_users_of_one_request_get_disjoint_pages():
     assert [p.key for p in placed] == [2, 1] and [p.hit for p in placed] == [0, 33]
     assert not set(placed[0].pages) & set(placed[1].pages)
     assert c.free_pages == c.num_pages - 4
-    c.finish()
+    c.finish([2, 1])
     assert c.free_pages == c.num_pages - 4  # both kept
 
 
@@ -90,11 +90,11 @@ def test_a_user_too_large_for_the_budget_is_served_then_released():
     big = c.begin([2], [46])[0]  # 2 pages: more than the whole budget
     assert (big.hit, len(big.pages)) == (0, 2)
     assert c.free_pages == c.num_pages - 3
-    c.finish()
+    c.finish([2])
     assert c.free_pages == c.num_pages - 1 and c.ledger.keys() == [1]  # 1 was not evicted for it
     grown = c.begin([1], [46])[0]  # a held user outgrowing the budget: hit, then dropped
     assert grown.hit == 10 and len(grown.pages) == 2
-    c.finish()
+    c.finish([1])
     assert c.free_pages == c.num_pages and len(c.ledger) == 0
 
 
@@ -104,7 +104,7 @@ def test_forget_after_a_failure_frees_pages_and_ledger():
     c.begin([2, 3], [46, 20])
     for key in (2, 3):  # what the engine does when the forward pass raised
         c.forget(key)
-    c.finish()
+    c.finish([2, 3])
     assert c.ledger.keys() == [1] and c.held(2) == c.held(3) == 0
     assert c.free_pages == c.num_pages - 1 and c.stats()["used_pages"] == 1
     c.forget(99)  # nothing held: nothing to do
@@ -157,7 +157,7 @@ def test_the_pool_never_runs_out_and_every_page_is_owned_or_free(budget, page_to
         if event == 0:  # the forward pass failed
             for key in keys:
                 c.forget(key)
-        c.finish()
+        c.finish(keys)
         for key in list(owned):
             if c.held(key) == 0:
                 del owned[key]
