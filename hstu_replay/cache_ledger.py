@@ -78,20 +78,21 @@ class CacheLedger:
                 continue
             self._held[key] = tokens
             self._pages += pages(tokens, self.page_tokens)
-        protected = {k for k, _ in request}
         evicted = []
         if self.budget_pages is not None:
-            for key in list(self._held):
-                if self._pages <= self.budget_pages:
-                    break
-                if key not in protected:
-                    self._pages -= pages(self._held.pop(key), self.page_tokens)
-                    evicted.append(key)
-            # Only the running request's own users remain: drop the oldest of them.
-            for key in list(self._held):
-                if self._pages <= self.budget_pages:
+            # The request's own keys were just (re)inserted, so they are the most recent: evict
+            # from the least recent end until the budget holds or only they remain. O(evicted).
+            protected = {k for k, _ in request}
+            while self._pages > self.budget_pages and self._held:
+                key = next(iter(self._held))
+                if key in protected:
                     break
                 self._pages -= pages(self._held.pop(key), self.page_tokens)
+                evicted.append(key)
+            # Only the running request's own users remain: drop the oldest of them.
+            while self._pages > self.budget_pages and self._held:
+                key, tokens = self._held.popitem(last=False)
+                self._pages -= pages(tokens, self.page_tokens)
                 dropped.append(key)
         return LedgerOutcome(hits, tuple(evicted), tuple(dropped))
 

@@ -24,6 +24,10 @@ class LimitError(HstuReplayError):
     """A request outside the model's published limits; it is refused before it is sent."""
 
 
+class PlanError(HstuReplayError):
+    """A step the workload cannot plan (too few distinct users for the batch)."""
+
+
 class InterfaceMismatch(HstuReplayError):
     """A served model whose inputs/outputs match none of the known HSTU interfaces."""
 

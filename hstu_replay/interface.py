@@ -61,14 +61,13 @@ class ModelInterface:
     #: request field -> input tensor name, for the fields this model takes
     field_to_input: dict[str, str]
     logits_output: str
+    #: whether the model keeps a KV cache keyed by `user_ids` (declared, not guessed from field
+    #: names: the Python-backend model takes user ids but caches nothing)
+    uses_cache: bool = False
 
     @property
     def input_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.inputs)
-
-    @property
-    def uses_cache(self) -> bool:
-        return "user_ids" in self.field_to_input
 
     def signature(self) -> str:
         ins = ", ".join(f"{t.name}:{t.dtype}{list(t.dims)}" for t in self.inputs)
@@ -93,6 +92,7 @@ KVCACHE = ModelInterface(
         "total_history_lengths": "INPUT__4",
     },
     logits_output="OUTPUT__0",
+    uses_cache=True,
 )
 
 NOCACHE = ModelInterface(
@@ -130,6 +130,12 @@ class Limits:
     max_values: int = 40_000
     max_candidates: int = 100
     max_history: int = 4096
+
+    def history_cap(self, batch_size: int, candidates: int) -> int:
+        """Longest history (items) each of `batch_size` users with `candidates` candidates may
+        send so that the whole request stays within `max_values` (and `max_history`)."""
+        per_user = self.max_values // batch_size  # values: 6 context + 2 x (history + candidates)
+        return min(self.max_history, (per_user - NUM_CONTEXT_TOKENS) // 2 - candidates)
 
 
 PUBLISHED_LIMITS = Limits()

@@ -155,3 +155,109 @@ def run_locust(report_dir: Path, *args: str, timeout: float = 180.0) -> LocustRe
         capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env,
     )
     return LocustResult(proc.returncode, proc.stdout, proc.stderr, report_dir)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The KV-cache oracle (tests/oracle/server.py): an independent server that records what it was sent.
+
+from collections.abc import Callable, Iterator  # noqa: E402
+
+
+@dataclass(frozen=True)
+class OracleHandle:
+    """One running oracle variant; `log` is its JSON-lines record of requests, `output` its stdout/stderr."""
+
+    process: subprocess.Popen
+    grpc_port: int
+    http_port: int
+    metrics_port: int
+    log: Path
+    output: Path
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    def records(self) -> list[dict]:
+        from tests.oracle.server import read_log
+
+        return read_log(self.log)
+
+
+def _group_alive(pgid: int) -> list[str]:
+    """Processes of group `pgid` that are not zombies, as "pid state command"."""
+    alive = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(f"{proc.name} {fields[0]} {stat[stat.index('(') + 1:stat.rindex(')')]}")
+    return alive
+
+
+def stop_oracle(handle: OracleHandle, timeout_s: float = 30.0) -> None:
+    """SIGTERM, then SIGKILL to the process group; fails if anything of the group is still running."""
+    pgid = handle.process.pid  # launched with start_new_session=True
+    if handle.process.poll() is None:
+        handle.process.send_signal(signal.SIGTERM)
+        try:
+            handle.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    handle.process.wait(10)
+    deadline = time.monotonic() + 10
+    while (left := _group_alive(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"oracle processes left running: {left}"
+
+
+@pytest.fixture(scope="session")
+def oracle_servers(tmp_path_factory) -> Iterator[Callable[..., OracleHandle]]:
+    """`get(cached_tokens, budget_tokens=0, page_tokens=32, max_values=40000) -> OracleHandle`: each distinct
+    variant is started once per session on free ports and stopped at the end. Its cache and log are shared by
+    every test that asks for that variant: use keys of your own and look only at records you caused."""
+    if str(ROOT) not in sys.path:  # `bench` is a plain folder of the checkout
+        sys.path.insert(0, str(ROOT))
+    from bench.null_model import ChildServer
+    from tests.oracle.server import READY
+
+    started: dict[tuple[bool, int, int, int], OracleHandle] = {}
+
+    def get(cached_tokens: bool, budget_tokens: int = 0, page_tokens: int = 32,
+            max_values: int = 40000) -> OracleHandle:
+        variant = (cached_tokens, budget_tokens, page_tokens, max_values)
+        if variant not in started:
+            root = tmp_path_factory.mktemp("oracle")
+            grpc, http, metrics = free_ports(3)
+            command = [sys.executable, "-m", "tests.oracle.server", "--grpc-port", str(grpc),
+                       "--http-port", str(http), "--metrics-port", str(metrics), "--log", str(root / "requests.jsonl"),
+                       "--budget-tokens", str(budget_tokens), "--page-tokens", str(page_tokens),
+                       "--max-values", str(max_values)]
+            if cached_tokens:
+                command.append("--cached-tokens")
+            server = ChildServer.launch(command, grpc, root / "server.log", READY, timeout_s=120.0)
+            started[variant] = OracleHandle(server.process, grpc, http, metrics, root / "requests.jsonl",
+                                            root / "server.log")
+        return started[variant]
+
+    yield get
+    problems = []
+    for handle in started.values():
+        try:
+            stop_oracle(handle)
+        except AssertionError as exc:
+            problems.append(str(exc))
+    assert not problems, problems

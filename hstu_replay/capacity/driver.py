@@ -165,6 +165,7 @@ def measurement_from_report(report: dict, load: float) -> Measurement:
         load=load, requests=int(b.get("requests") or 0), throughput_rps=b.get("throughput_rps"),
         logical_throughput=b.get("logical_throughput"), mean_ms=latency("mean_ms"), p50_ms=latency("p50_ms"),
         p99_ms=latency("p99_ms"), error_ratio=b.get("error_ratio"), achieved_ratio=b.get("achieved_ratio"),
+        hit_source=b.get("hit_source"), primes_per_request=b.get("primes_per_request"), server_rps=b.get("server_rps"),
         latency_basis="intended" if corrected else "sent", requested_rps=b.get("requested_rps"),
         server=b.get("server"), errors=dict(list(errors.items())[:3]) or None,
     )

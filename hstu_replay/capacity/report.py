@@ -45,6 +45,7 @@ def _step(step: StepResult, out_dir: Path) -> dict:
         "requests": m.requests, "throughput_rps": m.throughput_rps, "logical_throughput": m.logical_throughput,
         "requested_rps": m.requested_rps, "mean_ms": m.mean_ms, "p50_ms": m.p50_ms, "p99_ms": m.p99_ms,
         "latency_basis": m.latency_basis, "error_ratio": m.error_ratio, "achieved_ratio": m.achieved_ratio,
+        "hit_source": m.hit_source, "primes_per_request": m.primes_per_request, "server_rps": m.server_rps,
         "power": m.power, "server": m.server, "metrics": m.metrics, "errors": m.errors,
         "report_dir": report_dir, "returncode": m.returncode,
     }
@@ -62,9 +63,12 @@ def _ratio(r: RatioResult, out_dir: Path) -> dict:
     return {
         "hit_ratio": r.hit_ratio,
         "steps": [_step(s, out_dir) for s in r.steps],
-        "sustainable": _pick(r.sustainable, "throughput_rps", "logical_throughput", "p99_ms", "error_ratio"),
+        "sustainable": _pick(r.sustainable, "throughput_rps", "logical_throughput", "p99_ms", "error_ratio",
+                             "server_rps", "primes_per_request"),
         "knee": _pick(r.knee, "power", "throughput_rps", "logical_throughput", "mean_ms", "p99_ms"),
         "servers_needed": r.servers_needed,
+        "hits_from": r.hits_from,
+        "servers_needed_basis": SERVERS_BASIS.get(r.hits_from),
         "stopped_at": None if stopped is None else stopped.load,
     }
 
@@ -97,7 +101,15 @@ def _load(value: Any) -> str:
     return NO_VALUE if value is None else f"{value:g}"
 
 
-SUMMARY_HEADER = ["hit ratio", "sustainable", "req/s", "logical/s", "p99 ms", "knee", "servers", "stopped at"]
+SUMMARY_HEADER = ["hit ratio", "sustainable", "req/s", "logical/s", "server req/s", "p99 ms", "knee", "servers",
+                  "hits from", "stopped at"]
+
+#: What a ratio's fleet size means, by where its hits came from.
+SERVERS_BASIS = {
+    "none": "measured traffic, cold cache",
+    "reuse": "measured traffic whose hits come from reused keys",
+    "priming": "upper bound: the server also computed a priming request before each measured one",
+}
 
 
 def summary_table(data: dict) -> list[list[str]]:
@@ -106,9 +118,9 @@ def summary_table(data: dict) -> list[list[str]]:
     for r in data["ratios"]:
         s, k = r["sustainable"] or {}, r["knee"] or {}
         rows.append([f"{r['hit_ratio']:.2f}", _load(s.get("load")), _f(s.get("throughput_rps")),
-                     _f(s.get("logical_throughput")), _f(s.get("p99_ms"), ".2f"),
+                     _f(s.get("logical_throughput")), _f(s.get("server_rps")), _f(s.get("p99_ms"), ".2f"),
                      _load(k.get("load")) + ("" if not k or k["passed"] else " (breach)"),
-                     _f(r["servers_needed"], "d"), _load(r["stopped_at"])])
+                     _f(r["servers_needed"], "d"), r.get("hits_from") or NO_VALUE, _load(r["stopped_at"])])
     return rows
 
 
@@ -346,5 +358,7 @@ def write_capacity(result: CapacityResult) -> dict[str, Path]:
 
 
 def format_summary(data: dict) -> str:
-    return format_table(summary_table(data))
+    notes = [f"hits from {kind}: {basis}" for kind, basis in SERVERS_BASIS.items()
+             if any(r.get("hits_from") == kind for r in data["ratios"])]
+    return "\n".join([format_table(summary_table(data)), *notes])
 

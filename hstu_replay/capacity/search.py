@@ -40,6 +40,9 @@ class Measurement:
     p99_ms: float | None = None
     error_ratio: float | None = None
     achieved_ratio: float | None = None
+    hit_source: str | None = None  # observed (server-reported) or predicted (client model)
+    primes_per_request: float | None = None  # priming requests the server also served, per measured one
+    server_rps: float | None = None  # measured plus priming requests per second: the server's whole work
     latency_basis: str = "sent"
     requested_rps: float | None = None
     server: dict | None = None  # the report's Triton statistics split of the measured window
@@ -129,6 +132,10 @@ def servers_needed(target_rps: float | None, sustainable_logical_rps: float | No
     return max(1, math.ceil(target_rps / sustainable_logical_rps - _CEIL_SLACK))
 
 
+#: Above this many priming requests per measured one, a ratio's hits came from priming.
+PRIMED = 0.05
+
+
 @dataclass(frozen=True)
 class RatioResult:
     """The search at one hit ratio."""
@@ -138,6 +145,19 @@ class RatioResult:
     sustainable: StepResult | None = None
     knee: StepResult | None = None
     servers_needed: int | None = None
+
+    @property
+    def hits_from(self) -> str | None:
+        """How the sustainable step's traffic got its hits: `reuse` (keys that come back, as real
+        users do), `priming` (each measured request followed a priming request on a fresh key,
+        which the server computed too: its fleet size is an upper bound), or `none` (a cold ratio)."""
+        best = self.sustainable
+        if best is None:
+            return None
+        if self.hit_ratio == 0:
+            return "none"
+        primes = best.measurement.primes_per_request
+        return "priming" if primes is not None and primes > PRIMED else "reuse"
 
     @property
     def stopped_at(self) -> StepResult | None:

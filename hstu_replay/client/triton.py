@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hstu_replay.errors import ConfigError, InterfaceMismatch, ServerError
-from hstu_replay.interface import INTERFACES, ModelInterface, TensorSpec
+from hstu_replay.interface import INTERFACES, NUM_TASKS, ModelInterface, TensorSpec
 from hstu_replay.request import RequestTensors
 
 #: Optional output of our reference target: tokens each user reused from the KV cache.
@@ -127,8 +127,9 @@ class TritonClient:
                 result = self._client.infer(self.options.model, inputs, outputs=outputs, headers=self._headers)
         except Exception as exc:
             raise ServerError(_one_line(exc)) from None
-        cached = result.as_numpy(CACHED_TOKENS_OUTPUT) if binding.reports_hits else None
-        return InferResponse(result.as_numpy(interface.logits_output), cached)
+        logits = _output(result, interface.logits_output, (tensors.num_logits, NUM_TASKS))
+        cached = _output(result, CACHED_TOKENS_OUTPUT, (tensors.batch_size,)) if binding.reports_hits else None
+        return InferResponse(logits, cached)
 
     def server_statistics(self, model: str | None = None) -> dict:
         """Triton's per-model statistics (queue/compute split) as a dict; {} if not permitted."""
@@ -147,6 +148,17 @@ class TritonClient:
 
     def _as_json(self) -> dict:
         return {"as_json": True} if self.options.protocol == "grpc" else {}
+
+
+def _output(result, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """One output of a response, checked against the shape the request implies (a malformed
+    answer is a failed request, never a silently unverified one)."""
+    array = result.as_numpy(name)
+    if array is None:
+        raise ServerError(f"response lacks output {name}")
+    if array.shape != shape:
+        raise ServerError(f"response output {name} has shape {list(array.shape)}; the request implies {list(shape)}")
+    return array
 
 
 def _no_second_close_at_exit(cls) -> None:

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from hstu_replay.errors import HstuReplayError
-from hstu_replay.report.summary import RATIO_TOLERANCE, build_report, format_table, latency_table, off_target_stages
+from hstu_replay.report.summary import build_report, format_table, latency_table, off_target_stages, ratio_tolerance
 from hstu_replay.report.thresholds import evaluate, parse_thresholds, verdict
 from hstu_replay.report.writers import write_reports
 
@@ -15,27 +15,29 @@ THRESHOLD_EXIT_CODE = 3
 
 def run_metadata(environment) -> dict:
     runtime = environment.hstu
-    c = runtime.config
+    run = runtime.run
+    c, binding = run.config, run.prepared.binding
     return {
-        "model": c.triton_model, "interface": runtime.binding.interface.name if runtime.binding else None,
+        "model": c.triton_model, "interface": binding.interface.name,
+        "caches": binding.interface.uses_cache, "reports_hits": binding.reports_hits,
         "url": c.triton_url, "protocol": c.triton_protocol, "workload": c.workload,
         "source": c.store if c.workload == "sessions" else c.dump_dir,
         "users": environment.runner.user_count if environment.runner else None,
-        "workers": runtime.worker_count, "role": runtime.role, "started": runtime.started_epoch,
+        "workers": runtime.worker_count, "role": runtime.role, "started": run.clock.started_epoch,
+        "history_caps": run.prepared.history_caps(),
         "options": {k: v for k, v in vars(c).items() if k != "triton_headers"},
     }
 
 
 def current_report(environment) -> dict:
-    runtime = environment.hstu
-    c = runtime.config
-    return build_report(runtime.stats, run_metadata(environment), runtime.server_stages, c.tolerance,
+    run = environment.hstu.run
+    c = run.config
+    return build_report(run.stats, run_metadata(environment), run.server_stages, c.tolerance,
                         requested_rps=c.request_rate if c.arrival != "closed" else None)
 
 
 def write_final_report(environment, final: bool = False) -> dict:
-    runtime = environment.hstu
-    c = runtime.config
+    c = environment.hstu.run.config
     report = current_report(environment)
     try:
         thresholds = parse_thresholds(
@@ -57,8 +59,12 @@ def write_final_report(environment, final: bool = False) -> dict:
             print(f"hstu-replay: warning: {lost} requests found less cached than predicted "
                   "(server restarted, cache emptied or evicted beyond the capacity model)", file=sys.stderr, flush=True)
         for stage in off_target_stages(report):
-            print(f"hstu-replay: warning: stage {stage['name']} achieved hit ratio {stage['achieved_ratio']:.3f}, "
-                  f"more than {RATIO_TOLERANCE} from its target {stage['target_ratio']:g}", file=sys.stderr, flush=True)
+            print(f"hstu-replay: warning: stage {stage['name']} achieved hit ratio {stage['achieved_ratio']:.3f} "
+                  f"({stage['hit_source']}), more than {ratio_tolerance(stage, c.cache_page_tokens):.3f} from its "
+                  f"target {stage['target_ratio']:g}", file=sys.stderr, flush=True)
+        if not report["run"]["reports_hits"] and report["run"]["caches"]:
+            print("hstu-replay: note: the server does not report its cache hits; achieved hit ratios are the "
+                  "client's cache model (predicted)", file=sys.stderr, flush=True)
         outcome = report["thresholds"]
         if not any(b["requests"] for b in report["bins"]):
             print("hstu-replay: error: no request was measured (see the errors above)", file=sys.stderr, flush=True)

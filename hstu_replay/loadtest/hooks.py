@@ -1,6 +1,9 @@
-"""Locust event listeners: options, per-process runtime, merging at the master, final reports.
+"""Locust event listeners: options, the run's lifecycle in each process, merging at the master.
 
-Registered when the locustfile imports this module (Locust's extension model).
+Registered when the locustfile imports this module (Locust's extension model). At test start
+each process prepares its run (loadtest.prepare: options, model, data; a failure stops the
+run with one line before any load; a worker's failure reaches its master), the sweep clock
+starts when spawning completes, and the report is written at test stop (loadtest.finish).
 """
 
 from __future__ import annotations
@@ -11,12 +14,16 @@ import gevent
 from locust import events
 from locust.runners import MasterRunner, WorkerRunner
 
-from hstu_replay.client.triton import TritonClient
 from hstu_replay.errors import HstuReplayError
 from hstu_replay.loadtest import server_stats, webui
 from hstu_replay.loadtest.options import LoadTestConfig, register_arguments
+from hstu_replay.loadtest.prepare import connect, prepare
 from hstu_replay.loadtest.runtime import LoadTestRuntime
 from hstu_replay.stats.run_stats import RunStats
+
+WORKER_FAILED = "hstu_worker_failed"  # worker -> master: preparing the run failed
+SWEEP_CLOCK = "hstu_sweep_clock"  # master -> workers: seconds since the sweep started
+
 
 def fail(environment, message: str, code: int = 2) -> None:
     """One line for the user, then stop the run with a non-zero exit code."""
@@ -41,70 +48,87 @@ def _init(environment, **_):
         try:
             config = LoadTestConfig.from_options(environment.parsed_options)
         except HstuReplayError as exc:
-            print(f"hstu-replay: error: {exc}", file=sys.stderr, flush=True)
-            sys.exit(exc.exit_code)
-    environment.hstu = LoadTestRuntime(config, role)
+            _exit(exc)
+    runtime = environment.hstu = LoadTestRuntime(config, role)
     if role != "worker" and getattr(environment.parsed_options, "headless", False):
-        _detect_interface(environment, exit_on_failure=True)
+        try:  # headless: an unusable server or model ends the run before any user spawns
+            runtime.binding = connect(config)
+        except HstuReplayError as exc:
+            _exit(exc)
     if environment.web_ui is not None:
         webui.install(environment)
-    runtime = environment.hstu
 
     def report_to_master(client_id, data, **_):
-        data["hstu"] = runtime.stats.take().to_dict()
+        if runtime.run is not None:
+            data["hstu"] = runtime.run.stats.take().to_dict()
 
     def worker_report(client_id, data, **_):
-        if "hstu" in data:
-            runtime.stats.merge(RunStats.from_dict(data["hstu"]))
+        if "hstu" in data and runtime.run is not None:
+            runtime.run.stats.merge(RunStats.from_dict(data["hstu"]))
 
     environment.events.report_to_master.add_listener(report_to_master)
     environment.events.worker_report.add_listener(worker_report)
+    if role == "master":
+        runner.register_message(WORKER_FAILED, lambda msg, **_: fail(environment, f"worker {msg.data}"))
+    if role == "worker":
+        def sweep_clock(msg, **_):
+            if runtime.run is not None:
+                runtime.run.clock.start(elapsed_s=float(msg.data))
+
+        runner.register_message(SWEEP_CLOCK, sweep_clock)
 
 
-def _detect_interface(environment, exit_on_failure: bool = False) -> bool:
-    runtime: LoadTestRuntime = environment.hstu
-    client = TritonClient(runtime.config.client_options())
-    try:
-        runtime.binding = client.connect()
-        return True
-    except HstuReplayError as exc:
-        if exit_on_failure:
-            print(f"hstu-replay: error: {exc}", file=sys.stderr, flush=True)
-            sys.exit(exc.exit_code)
-        fail(environment, str(exc))
-        return False
-    finally:
-        client.close()
+def _exit(exc: HstuReplayError) -> None:
+    print(f"hstu-replay: error: {exc}", file=sys.stderr, flush=True)
+    sys.exit(exc.exit_code)
 
 
 @events.test_start.add_listener
 def _test_start(environment, **_):
     runtime: LoadTestRuntime = environment.hstu
     runner = environment.runner
+    options = environment.parsed_options
     if isinstance(runner, MasterRunner):
         # Custom attributes of parsed_options travel to the workers with the spawn message.
-        environment.parsed_options.hstu_worker_count = max(runner.worker_count, 1)
-        environment.parsed_options.hstu_total_users = environment.parsed_options.num_users
-        runtime.worker_count = environment.parsed_options.hstu_worker_count
+        options.hstu_worker_count = max(runner.worker_count, 1)
+        options.hstu_total_users = options.num_users
+        runtime.worker_count = options.hstu_worker_count
     if isinstance(runner, WorkerRunner):
         runtime.worker_index = runner.worker_index
-        runtime.worker_count = int(getattr(environment.parsed_options, "hstu_worker_count", 1))
+        runtime.worker_count = int(getattr(options, "hstu_worker_count", 1))
     try:
-        runtime.configure(LoadTestConfig.from_options(environment.parsed_options))
+        config = LoadTestConfig.from_options(options)
+        binding = runtime.binding if config == runtime.config else None
+        prepared = prepare(config, runtime.placement, binding)
     except HstuReplayError as exc:
+        if isinstance(runner, WorkerRunner):
+            runner.send_message(WORKER_FAILED, f"{runtime.worker_index}: {exc}")
         fail(environment, str(exc))
         return
-    if not _detect_interface(environment):
-        return
-    runtime.start()
+    run = runtime.begin(prepared)
+    for batch, cap in prepared.history_caps().items():
+        print(f"hstu-replay: batch {batch}: histories capped at {cap} items so that {batch} users fit "
+              f"--max-values {config.max_values}", file=sys.stderr, flush=True)
     if runtime.role != "worker":
-        server_stats.watch(environment)
+        server_stats.watch(environment, run)
+
+
+@events.spawning_complete.add_listener
+def _spawning_complete(environment, **_):
+    """Fired by a single process, and by a master once every worker has spawned its users
+    (workers get the master's clock, also when they join late)."""
+    run = getattr(environment, "hstu", None) and environment.hstu.run
+    if run is None:
+        return
+    run.clock.start()  # no-op when the sweep already runs (the web UI changed the user count)
+    if isinstance(environment.runner, MasterRunner):
+        environment.runner.send_message(SWEEP_CLOCK, run.clock.elapsed_s())
 
 
 @events.test_stop.add_listener
 def _test_stop(environment, **_):
     runtime: LoadTestRuntime = environment.hstu
-    if runtime.role != "worker" and runtime.binding is not None:
+    if runtime.role != "worker" and runtime.run is not None:
         from hstu_replay.loadtest.finish import write_final_report
 
         write_final_report(environment)
@@ -115,7 +139,7 @@ def _quitting(environment, **_):
     runtime: LoadTestRuntime = getattr(environment, "hstu", None)
     if runtime is None:
         return
-    if runtime.role != "worker" and runtime.binding is not None:
+    if runtime.role != "worker" and runtime.run is not None:
         from hstu_replay.loadtest.finish import write_final_report
 
         write_final_report(environment, final=True)

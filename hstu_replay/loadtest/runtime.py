@@ -1,82 +1,56 @@
-"""Per-process state of a load test: config, sweep, capacity model, statistics, records.
+"""A Locust process's hstu-replay state: who it is, and the run in progress.
 
-One instance hangs off the Locust environment (`environment.hstu`). Statistics gathered here
-are sent to the master by workers and merged there by addition.
+The run's lifecycle: `prepare` (validate, connect, open data: loadtest.prepare) -> `ActiveRun`
+(the sweep clock, the client's cache model, the accountant, clients) -> finish (loadtest.finish
+writes the report from the run's statistics). One instance hangs off the Locust environment
+(`environment.hstu`); a rerun from the web UI starts a new `ActiveRun`.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
-import time
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from hstu_replay.cache_ledger import CacheLedger
-from hstu_replay.client.triton import ModelBinding
 from hstu_replay.loadtest.options import LoadTestConfig
+from hstu_replay.loadtest.prepare import Placement, PreparedRun
 from hstu_replay.loadtest.records import RecordWriter
-from hstu_replay.loadtest.schedule import Schedule, StagePosition
+from hstu_replay.loadtest.schedule import SweepClock
+from hstu_replay.plan.cache_model import CacheModel
 from hstu_replay.plan.keys import KeyAllocator
-from hstu_replay.plan.step import PlannedStep
+from hstu_replay.plan.workloads import StepSource
+from hstu_replay.stats.accounting import Accountant
 from hstu_replay.stats.run_stats import RunStats
-from hstu_replay.verify import Verdict
 
 
-@dataclass
-class Outcome:
-    """What happened to one sent request."""
+class ActiveRun:
+    """One test of one process, from its start to the next one."""
 
-    latency_s: float
-    logits: np.ndarray | None = None
-    cached_tokens: np.ndarray | None = None
-    error: str = ""
-    verdict: Verdict | None = None
-    mismatch: str = ""  # one line naming request, user and difference, when the verdict fails
-    lag_s: float | None = None  # open loop: actual send - intended send
-
-
-@dataclass
-class LoadTestRuntime:
-    config: LoadTestConfig
-    role: str  # local | master | worker
-    worker_index: int = 0
-    worker_count: int = 1
-    binding: ModelBinding | None = None
-    stats: RunStats = field(default_factory=RunStats)
-    started_at: float = math.nan  # time.monotonic() at test start
-    started_epoch: float = math.nan
-    server_stages: dict = field(default_factory=dict)  # bin name -> Triton queue/compute split
-    _users: itertools.count = field(default_factory=itertools.count)
-    _store = None
-    _dumps = None
-    records: RecordWriter | None = None
-    ledger: CacheLedger | None = None
-    _clients: list = field(default_factory=list)
-
-    def __post_init__(self):
-        self.configure(self.config)
-
-    def configure(self, config: LoadTestConfig) -> None:
-        """(Re)read the options: the web UI may change them between runs."""
-        self.config = config
-        self.schedule = Schedule(config.batches, config.ratios, config.warmup_seconds, config.stage_seconds)
-
-    def start(self) -> None:
-        self.started_at, self.started_epoch = time.monotonic(), time.time()
-        budget = self.config.cache_budget_tokens
-        share = None if budget <= 0 else budget // max(self.worker_count, 1)
-        self.ledger = CacheLedger(share, self.config.cache_page_tokens)
+    def __init__(self, prepared: PreparedRun):
+        self.prepared = prepared
+        self.config = prepared.config
+        self.clock = SweepClock(prepared.schedule)
         self.stats = RunStats()
-        if self.records is None and self.role != "master":
-            self.records = RecordWriter(Path(self.config.report_dir), f"{self.role}{self.worker_index}")
+        self.server_stages: dict = {}  # bin name -> Triton queue/compute split (master / local)
+        placement = prepared.placement
+        budget = self.config.cache_budget_tokens
+        self.cache = CacheModel(None if budget <= 0 else budget // max(placement.worker_count, 1),
+                                self.config.cache_page_tokens)
+        self.records = None
+        if placement.role != "master":
+            self.records = RecordWriter(Path(self.config.report_dir), f"{placement.role}{placement.worker_index}")
+        self.accountant = Accountant(self.stats, self.records, placement.worker_index)
+        self._users = itertools.count()
+        self._clients: list = []
+        self._said: set[str] = set()
 
-    def position(self) -> StagePosition | None:
-        if math.isnan(self.started_at):
-            return None
-        return self.schedule.at(time.monotonic() - self.started_at)
+    def new_user_index(self) -> int:
+        return next(self._users)
+
+    def source_for(self, user_index: int) -> StepSource:
+        keys = KeyAllocator(self.prepared.placement.worker_index, user_index)
+        return self.prepared.workload.source(keys)
 
     def open_client(self):
         """A Triton client closed by `close()` at the latest: a gRPC channel left to the
@@ -84,103 +58,43 @@ class LoadTestRuntime:
         from hstu_replay.client.triton import TritonClient
 
         client = TritonClient(self.config.client_options())
-        client.binding = self.binding
+        client.binding = self.prepared.binding
         self._clients.append(client)
         return client
 
-    def new_user_index(self) -> int:
-        return next(self._users)
-
-    def keys_for(self, user_index: int) -> KeyAllocator:
-        return KeyAllocator(self.worker_index, user_index)
-
-    # -- workload data, loaded once per process ---------------------------------------
-
-    @property
-    def store(self):
-        if self._store is None:
-            from hstu_replay.data.store import SequenceStore
-
-            self._store = SequenceStore.open(self.config.store)
-        return self._store
-
-    @property
-    def dump_pool(self) -> list:
-        """Every dumped user with its reference rows (see plan.dumps)."""
-        if self._dumps is None:
-            from hstu_replay.dumps.reader import read_dump
-            from hstu_replay.plan.dumps import dumped_users
-
-            self._dumps = dumped_users(read_dump(self.config.dump_dir))
-        return self._dumps
-
-    # -- accounting -------------------------------------------------------------------
-
-    def predict_hits(self, step_request) -> tuple[int, ...]:
-        pairs = list(zip(step_request.user_ids.tolist(), step_request.total_history_lengths.tolist()))
-        return self.ledger.serve(pairs).hits
-
-    def forget(self, request) -> None:
-        for key in request.user_ids.tolist():
-            self.ledger.forget(key)
-
-    def account(self, kind: str, step: PlannedStep, position: StagePosition, predicted: tuple[int, ...],
-                outcome: Outcome, user_index: int) -> None:
-        stage = position.stage
-        record = {
-            "t": time.time() - outcome.latency_s, "latency_ms": outcome.latency_s * 1e3, "kind": kind,
-            "stage": stage.key.name(), "batch": step.request.batch_size, "target": stage.key.target_ratio,
-            "tokens": step.history_tokens, "expected_hits": sum(step.expected_hits),
-            "predicted_hits": sum(predicted),
-            "observed_hits": None if outcome.cached_tokens is None else int(outcome.cached_tokens.sum()),
-            "ok": not outcome.error, "error": outcome.error or None, "label": step.label,
-            "worker": self.worker_index, "user": user_index,
-        }
-        if outcome.verdict is not None:
-            record["max_abs_diff"] = outcome.verdict.max_abs_diff
-        if outcome.lag_s is not None:
-            record["lag_ms"] = outcome.lag_s * 1e3
-        if self.records:
-            self.records.write(record)
-        if kind == "prime":
-            self.stats.prime_requests += 1
-            self.stats.prime_failures += bool(outcome.error)
-            return
-        if kind == "warmup":
-            self.stats.warmup_requests += 1
-            return
-        b = self.stats.bin(stage.key)
-        now = time.time()
-        b.first_start = min(b.first_start, now - outcome.latency_s)
-        b.last_end = max(b.last_end, now)
-        if outcome.error:
-            b.failures += 1
-            self.stats.count_error(outcome.error)
-            return
-        b.latency.record(outcome.latency_s)
-        if outcome.lag_s is not None:
-            b.lag.record(outcome.lag_s)
-            b.corrected.record(outcome.lag_s + outcome.latency_s)
-        b.requests += 1
-        b.logical_requests += step.request.batch_size
-        b.history_tokens += step.history_tokens
-        b.expected_hits += sum(step.expected_hits)
-        b.predicted_hits += sum(predicted)
-        if outcome.cached_tokens is not None:
-            observed = int(outcome.cached_tokens.sum())
-            b.observed_hits += observed
-            b.observed_tokens += step.history_tokens
-            b.hit_disagreements += observed != sum(predicted)
-            b.hits_lost += observed < sum(predicted)
-        if outcome.verdict is not None:
-            b.verified += 1
-            if not outcome.verdict.ok:
-                b.mismatches += 1
-                self.stats.count_error(outcome.mismatch)
+    def say_once(self, message: str) -> None:
+        """A warning on stderr the first time it occurs (planning errors repeat per request)."""
+        if message not in self._said and len(self._said) < 100:
+            self._said.add(message)
+            print(f"hstu-replay: warning: {message}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         while self._clients:
             self._clients.pop().close()
-        if self.records:
+        if self.records is not None:
             self.records.close()
-            self.records = None
+
+
+@dataclass
+class LoadTestRuntime:
+    config: LoadTestConfig  # as last parsed (the web UI may change it between runs)
+    role: str  # local | master | worker
+    worker_index: int = 0
+    worker_count: int = 1
+    run: ActiveRun | None = None
+    binding: object = field(default=None)  # detected at init (headless), before any run
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(self.role, self.worker_index, self.worker_count)
+
+    def begin(self, prepared: PreparedRun) -> ActiveRun:
+        if self.run is not None:
+            self.run.close()
+        self.config, self.binding = prepared.config, prepared.binding
+        self.run = ActiveRun(prepared)
+        return self.run
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.run.close()

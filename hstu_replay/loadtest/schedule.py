@@ -6,6 +6,8 @@ workers follow the master's sweep without extra messages.
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 
 from hstu_replay.stats.run_stats import BinKey
@@ -49,3 +51,34 @@ class Schedule:
             if elapsed_s < stage.end_s:
                 return StagePosition(stage, elapsed_s < stage.start_s + stage.warmup_s)
         return None
+
+
+class SweepClock:
+    """The sweep's time in this process. It starts when spawning completes, so users still
+    ramping up never fall inside a measured window; until then there is no stage."""
+
+    def __init__(self, schedule: Schedule):
+        self.schedule = schedule
+        self.started_at = math.nan  # time.monotonic() when the sweep began
+        self.started_epoch = math.nan
+
+    @property
+    def started(self) -> bool:
+        return not math.isnan(self.started_at)
+
+    def start(self, elapsed_s: float = 0.0) -> None:
+        """Start the sweep `elapsed_s` seconds ago (a worker joining its master's sweep)."""
+        if not self.started:
+            self.started_at, self.started_epoch = time.monotonic() - elapsed_s, time.time() - elapsed_s
+
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started_at if self.started else 0.0
+
+    def position(self, at: float | None = None) -> StagePosition | None:
+        """The stage at monotonic time `at` (default now); None before the start and after the end."""
+        if not self.started:
+            return None
+        return self.schedule.at((time.monotonic() if at is None else at) - self.started_at)
+
+    def over(self) -> bool:
+        return self.started and time.monotonic() - self.started_at >= self.schedule.duration_s

@@ -36,27 +36,29 @@ def split(before: dict, after: dict) -> dict[str, float]:
     return out
 
 
-def watch(environment) -> None:
-    runtime = environment.hstu
-    model = runtime.config.triton_model
-    client = TritonClient(runtime.config.client_options())
+def watch(environment, run) -> None:
+    model = run.config.triton_model
+    client = TritonClient(run.config.client_options())
     pending: dict = {}  # the stage whose window is open, and the snapshot taken when it opened
 
     def close_window() -> None:
         if pending:
             after = _snapshot(client, model)
             if pending["before"] and after:
-                runtime.server_stages[pending["stage"].key.name()] = split(pending["before"], after)
+                run.server_stages[pending["stage"].key.name()] = split(pending["before"], after)
             pending.clear()
 
-    def run():
-        for stage in runtime.schedule.stages:
-            gevent.sleep(max(0.0, runtime.started_at + stage.start_s + stage.warmup_s - time.monotonic()))
+    def follow():
+        clock = run.clock
+        while not clock.started:  # ends with the run at the latest (test_stop kills this greenlet)
+            gevent.sleep(0.05)
+        for stage in clock.schedule.stages:
+            gevent.sleep(max(0.0, clock.started_at + stage.start_s + stage.warmup_s - time.monotonic()))
             pending.update(stage=stage, before=_snapshot(client, model))
-            gevent.sleep(max(0.0, runtime.started_at + stage.end_s - time.monotonic()))
+            gevent.sleep(max(0.0, clock.started_at + stage.end_s - time.monotonic()))
             close_window()
 
-    greenlet = gevent.spawn(run)
+    greenlet = gevent.spawn(follow)
 
     def stop(**_):
         greenlet.kill(block=True)

@@ -1,4 +1,7 @@
-"""Run the sweep for exactly its duration with the user count given by -u/-r (or the UI)."""
+"""Run the sweep for exactly its duration with the user count given by -u/-r (or the UI).
+
+The sweep's clock starts once every user has spawned, so the run lasts the ramp-up plus the sweep.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ class SweepShape(LoadTestShape):
 
     def tick(self):
         runtime = getattr(self.runner.environment, "hstu", None)
-        if runtime is None or self.get_run_time() >= runtime.schedule.duration_s:
+        if runtime is None or runtime.run is None or runtime.run.clock.over():
             return None
         options = self.runner.environment.parsed_options
         return options.num_users or 1, options.spawn_rate or 1

@@ -7,8 +7,11 @@ import json
 
 from flask import Response, request
 
+from hstu_replay.report.html import SOURCE_LABEL
+
 TAB_KEY = "hstu-hit-ratio"
-COLUMNS = [("bin", "Stage"), ("achieved", "Achieved hit ratio"), ("requests", "Requests"), ("rps", "Req/s"),
+COLUMNS = [("bin", "Stage"), ("achieved", "Achieved hit ratio"), ("source", "Achieved from"),
+           ("requests", "Requests"), ("primes", "Primes"), ("rps", "Req/s"), ("server_rps", "Server req/s"),
            ("mean", "Mean ms"), ("p50", "p50 ms"), ("p99", "p99 ms"), ("speedup", "Speed-up"),
            ("mismatches", "Mismatches")]
 
@@ -22,7 +25,9 @@ def _rows(environment) -> list[dict]:
             return "" if x is None else format(x, spec)
 
         rows.append({"bin": b["name"], "safe_name": b["name"], "achieved": fmt(b["achieved_ratio"], ".3f"),
-                     "requests": b["requests"], "rps": fmt(b["throughput_rps"], ".1f"), "mean": fmt(b["mean_ms"]),
+                     "source": SOURCE_LABEL[b["hit_source"]], "requests": b["requests"],
+                     "primes": b["prime_requests"], "rps": fmt(b["throughput_rps"], ".1f"),
+                     "server_rps": fmt(b["server_rps"], ".1f"), "mean": fmt(b["mean_ms"]),
                      "p50": fmt(b["p50_ms"]), "p99": fmt(b["p99_ms"]), "speedup": fmt(b["speedup"]),
                      "mismatches": b["mismatches"]})
     return rows
@@ -38,7 +43,7 @@ def install(environment) -> None:
 
     @web_ui.app.after_request
     def add_hit_ratio_table(response):
-        if request.path != "/stats/requests" or getattr(environment, "hstu", None) is None:
+        if request.path != "/stats/requests" or getattr(getattr(environment, "hstu", None), "run", None) is None:
             return response
         body = response.get_json(silent=True) or {}
         body["extended_stats"] = [{"key": TAB_KEY, "data": _rows(environment)}]
@@ -51,5 +56,7 @@ def install(environment) -> None:
         from hstu_replay.report.html import render_html
         from hstu_replay.report.plots import available, render_plots
 
+        if environment.hstu.run is None:
+            return Response("<p>No run yet.</p>", mimetype="text/html")
         report = current_report(environment)
         return Response(render_html(report, render_plots(report) if available() else {}), mimetype="text/html")

@@ -7,13 +7,12 @@ virtual user's cache keys), primes included in send order.
 from __future__ import annotations
 
 import argparse
-import random
 import time
 from pathlib import Path
 
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import INTERFACES, Limits, ModelInterface
-from hstu_replay.plan.keys import MAX_USERS_PER_WORKER, KeyAllocator
+from hstu_replay.plan.keys import KeyAllocator
 
 MODELS: dict[str, ModelInterface] = {i.model_name: i for i in INTERFACES.values()}
 
@@ -74,23 +73,13 @@ def _check(args: argparse.Namespace) -> tuple[ModelInterface, float, Limits]:
 
 
 def _source(args: argparse.Namespace, limits: Limits):
-    keys = KeyAllocator(args.worker_index, 0, args.key_nonce)
-    offset = args.worker_index * MAX_USERS_PER_WORKER
-    if args.dump_dir is not None:
-        from hstu_replay.dumps.reader import read_dump
-        from hstu_replay.plan.dumps import DumpSource, dumped_users
+    from hstu_replay.plan.workloads import WorkloadOptions, open_workload
 
-        pool = dumped_users(read_dump(args.dump_dir))
-        start = offset % len(pool) if pool else 0
-        return DumpSource(pool[start:] + pool[:start], keys, limits)
-    from hstu_replay.data.store import SequenceStore
-    from hstu_replay.plan.sessions import SessionSource
-
-    store = SequenceStore.open(args.store)
-    order = list(range(len(store)))
-    random.Random(args.seed).shuffle(order)
-    start = offset % len(order) if order else 0
-    return SessionSource(store, order[start:] + order[:start], keys, args.candidates, limits, args.batch_size)
+    name, path = ("dumps", args.dump_dir) if args.dump_dir is not None else ("sessions", args.store)
+    workload = open_workload(name, WorkloadOptions(path, args.candidates, limits, args.seed,
+                                                   args.worker_index, args.worker_index + 1))
+    workload.check((args.batch_size,))
+    return workload.source(KeyAllocator(args.worker_index, 0, args.key_nonce))
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -1,10 +1,13 @@
 """Dump replay: the users of NVIDIA reference-dump batches, each checked against its logits.
 
 HSTU ranks each user independently of its batch-mates, so every dumped user carries its own
-rows of the reference logits; a step takes the next B users from the pool, whatever batches
-they were dumped in. Every replay uses fresh cache keys (dumps are cold-cache runs), so a
-target hit ratio is reached by priming each key with a prefix of the same user's history
-first. The values sent are the dumped ones, unchanged: the reference logits stay valid.
+rows of the reference logits; a step takes B distinct users from the process's dealer,
+whatever batches they were dumped in. The values sent are the dumped ones, unchanged: the
+reference logits stay valid. Hits come from reuse where they can, as NVIDIA's replay client
+gets them (pass 1 cold, pass 2 on the same keys): at target 1.0 a dumped user whose key already
+holds its full history is sent again on that key, with no prime. Any other target needs a fresh
+key, primed with a prefix of the same user's history to reach it (a priming request the
+server computes too; the report counts it).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import numpy as np
 
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import NOCACHE, Limits, history_tokens
+from hstu_replay.plan.dealer import Dealer
 from hstu_replay.plan.keys import KeyAllocator
 from hstu_replay.plan.reuse import prime_items
 from hstu_replay.plan.step import PlannedStep
@@ -46,30 +50,64 @@ def dumped_users(batches: Sequence) -> list[DumpedUser]:
     return pool
 
 
+def pool_identities(pool: Sequence[DumpedUser]) -> list[int]:
+    """The store user behind each dumped user (one user may be dumped in several batches)."""
+    return [d.request.user_id for d in pool]
+
+
+@dataclass
+class _Held:
+    key: int
+    tokens: int
+
+
 class DumpSource:
-    def __init__(self, pool: Sequence[DumpedUser], keys: KeyAllocator, limits: Limits):
-        if not pool:
-            raise ConfigError("the dump directory holds no users")
-        self.pool, self.keys, self.limits = list(pool), keys, limits
-        self._next = 0
+    """One virtual user's stream of dump-replay steps. `held` is the process's book of which
+    dumped user's key holds its full history (shared by every virtual user of the process)."""
+
+    def __init__(self, pool: Sequence[DumpedUser], dealer: Dealer, held: dict[int, _Held], keys: KeyAllocator,
+                 limits: Limits):
+        self.pool, self.dealer, self.held, self.keys, self.limits = pool, dealer, held, keys, limits
 
     def next_step(self, target: float, batch_size: int) -> PlannedStep:
-        chosen = [self.pool[(self._next + i) % len(self.pool)] for i in range(min(batch_size, len(self.pool)))]
-        self._next += len(chosen)
-        users = [replace(d.request, cache_key=self.keys.new_key()) for d in chosen]
-        primes, hits = [], []
-        for user in users:
-            prefix = prime_items(target, user.history_length)
-            hits.append(history_tokens(prefix) if prefix is not None else 0)
-            if prefix is not None:
-                primes.append(replace(user, history_items=user.history_items[:prefix],
-                                      history_actions=user.history_actions[:prefix], candidates=user.candidates[:1]))
-        references = [d.reference for d in chosen]
+        chosen: list[int] = []
+        for _ in range(batch_size):
+            chosen.append(self.dealer.take(exclude={self.dealer.identity(i) for i in chosen}))
+        users, primes, hits, handles = [], [], [], []
+        for i in chosen:
+            user = self.pool[i].request
+            owner = self.dealer.holders(i) == 1  # no other step has this dumped user in flight
+            book = self.held.get(i) if owner else None
+            if target >= 1.0 and book is not None and book.tokens == user.total_history_length:
+                users.append(replace(user, cache_key=book.key))  # reuse: a full hit, no prime
+                hits.append(book.tokens)
+            else:
+                user = replace(user, cache_key=self.keys.new_key())
+                users.append(user)
+                prefix = prime_items(target, user.history_length)
+                hits.append(history_tokens(prefix) if prefix is not None else 0)
+                if prefix is not None:
+                    primes.append(replace(user, history_items=user.history_items[:prefix],
+                                          history_actions=user.history_actions[:prefix],
+                                          candidates=user.candidates[:1]))
+            handles.append((i, users[-1].key, users[-1].total_history_length, owner))
+        references = [self.pool[i].reference for i in chosen]
         return PlannedStep(
             request=build_request(users, self.limits),
             expected_hits=tuple(hits),
             prime=build_request(primes, self.limits) if primes else None,
             reference=None if any(r is None for r in references) else np.concatenate(references),
-            label="; ".join(d.label for d in chosen),
+            label="; ".join(self.pool[i].label for i in chosen),
             target_ratio=target,
+            handles=tuple(handles),
         )
+
+    def settle(self, step: PlannedStep, ok: bool) -> None:
+        """Book the keys that now hold their user's full history; release the dumped users."""
+        for i, key, tokens, owner in step.handles:
+            if owner:
+                if ok:
+                    self.held[i] = _Held(key, tokens)
+                else:
+                    self.held.pop(i, None)
+            self.dealer.release(i)

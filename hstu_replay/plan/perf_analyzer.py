@@ -13,21 +13,14 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import orjson
 
 from hstu_replay.errors import InputError
 from hstu_replay.interface import ModelInterface
-from hstu_replay.plan.step import PlannedStep
+from hstu_replay.plan.workloads import StepSource
 from hstu_replay.request import RequestTensors
-
-
-class StepSource(Protocol):
-    """DumpSource and SessionSource: the next step at a target hit ratio and batch size."""
-
-    def next_step(self, target: float, batch_size: int) -> PlannedStep: ...
 
 
 @dataclass(frozen=True)
@@ -63,6 +56,7 @@ def plan_trace(source: StepSource, interface: ModelInterface, target: float, bat
         if step.prime is not None and interface.uses_cache:
             yield TraceEntry(step.prime, True)
         yield TraceEntry(step.request, False)
+        source.settle(step, True)  # a trace replays in order, every request answered
 
 
 def entry_json(request: RequestTensors, interface: ModelInterface) -> bytes:

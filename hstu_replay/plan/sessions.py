@@ -4,18 +4,19 @@ Each batch slot walks through users' real histories. A warm key grows by exactly
 of events that puts the next request at the target hit ratio; when that is out of reach (the
 history would exceed the limit, or the key is new), the slot starts a fresh key, primes it
 with a prefix of the right length and then asks for the next natural visit (events up to the
-next gap of 60 s or more). Candidates are the events that follow the history.
+next gap of 60 s or more). Candidates are the events that follow the history. At batch B a
+history is capped (from its start, so keys still only grow) where B such users fit the model's
+`max_values`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from hstu_replay.errors import ConfigError
 from hstu_replay.interface import Limits, history_tokens
+from hstu_replay.plan.dealer import Dealer
 from hstu_replay.plan.keys import KeyAllocator
 from hstu_replay.plan.reuse import prime_items, warm_items
 from hstu_replay.plan.step import PlannedStep
@@ -26,36 +27,35 @@ SESSION_GAP_MS = 60_000
 
 @dataclass
 class _Slot:
-    user: int = -1  # store index
+    user: int = -1  # store index (held from the dealer)
     key: int | None = None
     sent: int = 0  # history items the key holds (as far as this slot knows)
-    cursor: int = 0  # position in the owned-users list
+
+
+def usable_users(store, candidates: int) -> list[int]:
+    """Store users with more events than `candidates` (the rest cannot be replayed)."""
+    return [u for u in range(len(store)) if len(store.user(u).video_ids) > candidates]
 
 
 class SessionSource:
-    def __init__(self, store, users: Sequence[int], keys: KeyAllocator, candidates: int, limits: Limits,
-                 batch_size: int = 1):
-        if not users:
-            raise ConfigError("no users to replay: the store is empty or every user went to other workers")
-        self.store, self.keys, self.limits = store, keys, limits
+    """One virtual user's stream of session-replay steps; users come from the process's dealer."""
+
+    def __init__(self, store, dealer: Dealer, keys: KeyAllocator, candidates: int, limits: Limits):
+        self.store, self.dealer, self.keys, self.limits = store, dealer, keys, limits
         self.candidates = candidates
-        usable = [u for u in users if len(store.user(u).video_ids) > candidates]
-        if not usable:
-            raise ConfigError(f"no user has more than {candidates} events; lower --candidates")
-        self.users = usable
         self._slots: list[_Slot] = []
-        self.batch_size = batch_size
         self._boundaries: dict[int, np.ndarray] = {}
 
-    def next_step(self, target: float, batch_size: int | None = None) -> PlannedStep:
-        batch = batch_size or self.batch_size
-        while len(self._slots) < batch:
-            slot = _Slot(cursor=len(self._slots))
+    def next_step(self, target: float, batch_size: int) -> PlannedStep:
+        cap = self.limits.history_cap(batch_size, self.candidates)
+        while len(self._slots) < batch_size:
+            slot = _Slot()
             self._next_user(slot)
             self._slots.append(slot)
+        slots = tuple(self._slots[:batch_size])
         primes, measured, hits, labels = [], [], [], []
-        for slot in self._slots[:batch]:
-            prime, request, hit = self._plan_slot(slot, target)
+        for slot in slots:
+            prime, request, hit = self._plan_slot(slot, target, cap)
             if prime is not None:
                 primes.append(prime)
             measured.append(request)
@@ -67,19 +67,28 @@ class SessionSource:
             prime=build_request(primes, self.limits) if primes else None,
             label="; ".join(labels),
             target_ratio=target,
+            handles=slots,
         )
+
+    def settle(self, step: PlannedStep, ok: bool) -> None:
+        """After the step: a failed one leaves its keys' server state unknown, so they are dropped."""
+        if not ok:
+            for slot in step.handles:
+                slot.key = None
 
     # -- one slot -----------------------------------------------------------------------
 
-    def _available(self, user: int) -> int:
-        return min(len(self.store.user(user).video_ids) - self.candidates, self.limits.max_history)
+    def _available(self, user: int, cap: int) -> int:
+        return min(len(self.store.user(user).video_ids) - self.candidates, cap)
 
     def _next_user(self, slot: _Slot) -> None:
-        slot.user = self.users[slot.cursor % len(self.users)]
-        slot.cursor += max(1, self.batch_size)
+        others = {s.user for s in self._slots if s is not slot}
+        if slot.user >= 0:
+            self.dealer.release(slot.user)
+        slot.user = self.dealer.take(exclude=others)
         slot.key, slot.sent = None, 0
 
-    def _next_visit_end(self, user: int, after: int) -> int:
+    def _next_visit_end(self, user: int, after: int, cap: int) -> int:
         """End of the first visit that adds at least one event after `after` items."""
         bounds = self._boundaries.get(user)
         if bounds is None:
@@ -88,18 +97,18 @@ class SessionSource:
             self._boundaries[user] = bounds
         i = np.searchsorted(bounds, after, side="right")
         end = int(bounds[i]) if i < len(bounds) else len(self.store.user(user).video_ids)
-        return min(max(end, after + 1), self._available(user))
+        return min(max(end, after + 1), self._available(user, cap))
 
-    def _plan_slot(self, slot: _Slot, target: float) -> tuple[UserRequest | None, UserRequest, int]:
-        available = self._available(slot.user)
+    def _plan_slot(self, slot: _Slot, target: float, cap: int) -> tuple[UserRequest | None, UserRequest, int]:
+        available = self._available(slot.user, cap)
         held = history_tokens(slot.sent) if slot.key is not None else 0
         items = warm_items(target, held, slot.sent, available) if slot.key is not None else None
         prime = None
         if items is None:
             if slot.sent >= available:
                 self._next_user(slot)
-                available = self._available(slot.user)
-            items = self._next_visit_end(slot.user, slot.sent)
+                available = self._available(slot.user, cap)
+            items = self._next_visit_end(slot.user, slot.sent, cap)
             slot.key = self.keys.new_key()
             prefix = prime_items(target, items)
             if prefix is not None:

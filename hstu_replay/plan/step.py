@@ -19,6 +19,7 @@ class PlannedStep:
     reference: np.ndarray | None = None  # expected logits [sum(num_candidates), 8]
     label: str = ""  # names the request in failures: dump batch or user/visit
     target_ratio: float = 0.0
+    handles: tuple = ()  # the source's own bookkeeping for `settle` (slots, dump entries)
 
     @property
     def history_tokens(self) -> int:

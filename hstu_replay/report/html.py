@@ -75,13 +75,18 @@ def _images(png_bytes: Mapping[str, bytes]) -> str:
         f'{base64.b64encode(png_bytes[n]).decode("ascii")}">' for n in names)
 
 
+#: Where a stage's achieved hit ratio comes from, in words.
+SOURCE_LABEL = {"observed": "server-reported (observed)", "predicted": "client cache model (predicted)",
+                None: NO_VALUE}
+
+
 def _stages(stages: list[dict]) -> str:
     header = ["stage", "batch", "target", "expected", "predicted", "observed", "achieved",
-              "hit disagreements", "requests"]
-    rows = ([s["name"], s["batch_size"], f"{s['target_ratio']:.2f}",
+              "achieved from", "hit disagreements", "requests"]
+    rows = ([s["name"], s["batch_size"], f"{s['target_ratio']:g}",
              *(NO_VALUE if s[k] is None else f"{s[k]:.3f}"
                for k in ("expected_ratio", "predicted_ratio", "observed_ratio", "achieved_ratio")),
-             s["hit_disagreements"], s["requests"]] for s in stages)
+             SOURCE_LABEL[s["hit_source"]], s["hit_disagreements"], s["requests"]] for s in stages)
     return _table(header, rows, text_cols=1)
 
 

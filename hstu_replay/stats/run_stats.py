@@ -1,7 +1,8 @@
 """Per-bin counters and latency histograms of a run; they merge by addition across workers.
 
-A bin is one (batch size, target hit ratio) stage of a sweep. Only measured requests land in
-bins; priming requests and warm-up are counted apart.
+A bin is one (batch size, target hit ratio) stage of a sweep. Latencies come from measured
+requests only; the priming requests a stage needed are counted in its bin beside them (the
+server did that work too), warm-up requests apart.
 """
 
 from __future__ import annotations
@@ -14,18 +15,20 @@ from hstu_replay.stats.histogram import LatencyHistogram
 MAX_ERROR_REASONS = 100  # distinct failure reasons kept per process; the rest are pooled
 
 
+def ratio_name(ratio: float) -> str:
+    """Two decimals where they are exact (0.50), else every digit needed (0.949): no two
+    distinct target ratios share a name."""
+    short = f"{ratio:.2f}"
+    return short if float(short) == ratio else repr(float(ratio))
+
+
 @dataclass(frozen=True, order=True)
 class BinKey:
     batch_size: int
     target_ratio: float
 
     def name(self) -> str:
-        return f"b{self.batch_size}_h{self.target_ratio:.2f}"
-
-    @classmethod
-    def parse(cls, text: str) -> BinKey:
-        b, h = text.split("_")
-        return cls(int(b[1:]), float(h[1:]))
+        return f"b{self.batch_size}_h{ratio_name(self.target_ratio)}"
 
 
 @dataclass
@@ -34,9 +37,13 @@ class BinStats:
     corrected: LatencyHistogram = field(default_factory=LatencyHistogram)  # from the intended send (open loop)
     lag: LatencyHistogram = field(default_factory=LatencyHistogram)  # actual - intended send (open loop)
     requests: int = 0  # measured requests that got a response
-    failures: int = 0  # measured requests that failed (error, timeout, mismatch)
+    errors: int = 0  # measured requests that got none (error, timeout, malformed answer)
     logical_requests: int = 0  # users served (batch members)
     history_tokens: int = 0
+    computed_tokens: int = 0  # history tokens the server had to compute (not found cached)
+    prime_requests: int = 0  # priming requests this stage's measured requests needed
+    prime_failures: int = 0
+    prime_tokens: int = 0  # history tokens those primes made the server compute
     expected_hits: int = 0  # what the plan aimed at
     predicted_hits: int = 0  # what the capacity model says the server held
     observed_hits: int = 0  # what the server reported (where it reports)
@@ -44,7 +51,7 @@ class BinStats:
     hit_disagreements: int = 0  # requests whose reported hits differ from the prediction
     hits_lost: int = 0  # requests that found less cached than predicted (a restart, a foreign eviction)
     verified: int = 0
-    mismatches: int = 0
+    mismatches: int = 0  # answered, but wrong: also failures
     first_start: float = math.inf  # epoch seconds
     last_end: float = 0.0
 
@@ -86,9 +93,23 @@ class BinStats:
         return self.observed_hits / self.observed_tokens if self.observed_tokens else math.nan
 
     @property
+    def hit_source(self) -> str | None:
+        """Where the achieved ratio comes from: `observed` (the server reported the hits of every
+        measured request), `predicted` (the client's model of the server's cache), or None."""
+        if not self.history_tokens:
+            return None
+        return "observed" if self.observed_tokens == self.history_tokens else "predicted"
+
+    @property
     def achieved_ratio(self) -> float:
-        """The server's word where it reported its hits, else the capacity model's."""
-        return self.observed_ratio if self.observed_tokens else self.predicted_ratio
+        """The server's word where it reported the hits of every measured request, else the
+        client's model (see `hit_source`)."""
+        return self.observed_ratio if self.hit_source == "observed" else self.predicted_ratio
+
+    @property
+    def failures(self) -> int:
+        """Measured requests that failed: no answer, or a wrong one."""
+        return self.errors + self.mismatches
 
     @property
     def duration_s(self) -> float:
@@ -105,8 +126,6 @@ HISTOGRAMS = ("latency", "corrected", "lag")
 @dataclass
 class RunStats:
     bins: dict[BinKey, BinStats] = field(default_factory=dict)
-    prime_requests: int = 0
-    prime_failures: int = 0
     warmup_requests: int = 0
     errors: dict[str, int] = field(default_factory=dict)  # one-line reason -> count
 
@@ -123,17 +142,13 @@ class RunStats:
     def merge(self, other: RunStats) -> None:
         for key, stats in other.bins.items():
             self.bin(key).merge(stats)
-        self.prime_requests += other.prime_requests
-        self.prime_failures += other.prime_failures
         self.warmup_requests += other.warmup_requests
         for reason, n in other.errors.items():
             self.errors[reason] = self.errors.get(reason, 0) + n
 
     def to_dict(self) -> dict:
         return {
-            "bins": {k.name(): v.to_dict() for k, v in sorted(self.bins.items())},
-            "prime_requests": self.prime_requests,
-            "prime_failures": self.prime_failures,
+            "bins": [[k.batch_size, k.target_ratio, v.to_dict()] for k, v in sorted(self.bins.items())],
             "warmup_requests": self.warmup_requests,
             "errors": dict(self.errors),
         }
@@ -141,16 +156,14 @@ class RunStats:
     @classmethod
     def from_dict(cls, d: dict) -> RunStats:
         return cls(
-            bins={BinKey.parse(k): BinStats.from_dict(v) for k, v in d["bins"].items()},
-            prime_requests=d["prime_requests"],
-            prime_failures=d["prime_failures"],
+            bins={BinKey(int(b), float(r)): BinStats.from_dict(v) for b, r, v in d["bins"]},
             warmup_requests=d["warmup_requests"],
             errors=dict(d["errors"]),
         )
 
     def take(self) -> RunStats:
         """Return what was gathered since the last take and start afresh (for worker reports)."""
-        taken = RunStats(self.bins, self.prime_requests, self.prime_failures, self.warmup_requests, self.errors)
+        taken = RunStats(self.bins, self.warmup_requests, self.errors)
         self.bins, self.errors = {}, {}
-        self.prime_requests = self.prime_failures = self.warmup_requests = 0
+        self.warmup_requests = 0
         return taken

@@ -12,10 +12,11 @@ from hstu_replay import cli
 from hstu_replay.data.store import SequenceStore
 from hstu_replay.errors import InputError
 from hstu_replay.interface import KVCACHE, NOCACHE, Limits
-from hstu_replay.plan.dumps import DumpSource, DumpedUser
+from hstu_replay.plan.dealer import Dealer
+from hstu_replay.plan.dumps import DumpedUser, DumpSource, pool_identities
 from hstu_replay.plan.keys import KeyAllocator
 from hstu_replay.plan.perf_analyzer import TraceEntry, plan_trace, read_trace, write_trace
-from hstu_replay.plan.sessions import SessionSource
+from hstu_replay.plan.sessions import SessionSource, usable_users
 from hstu_replay.request import RequestTensors, UserRequest
 
 LIMITS = Limits(max_history=256)
@@ -40,7 +41,9 @@ def dump_pool(users: int = 10) -> list[DumpedUser]:
 
 
 def dump_entries(interface=KVCACHE, target=0.5, worker=0, requests=6) -> list[TraceEntry]:
-    source = DumpSource(dump_pool(), KeyAllocator(worker, 0, nonce=11), LIMITS)
+    pool = dump_pool()
+    dealer = Dealer(range(len(pool)), identities=pool_identities(pool))
+    source = DumpSource(pool, dealer, {}, KeyAllocator(worker, 0, nonce=11), LIMITS)
     return list(plan_trace(source, interface, target, 4, requests))
 
 
@@ -74,7 +77,7 @@ def test_file_follows_the_documented_format(tmp_path: Path) -> None:
 
 def test_session_trace_round_trip(sample_store: Path, tmp_path: Path) -> None:
     store = SequenceStore.open(sample_store)
-    source = SessionSource(store, list(range(len(store))), KeyAllocator(0, 0, nonce=2), 8, LIMITS, 4)
+    source = SessionSource(store, Dealer(usable_users(store, 8)), KeyAllocator(0, 0, nonce=2), 8, LIMITS)
     entries = list(plan_trace(source, KVCACHE, 0.75, 4, 12))
     assert any(e.is_prime for e in entries)
     out = tmp_path / "sessions.json"
@@ -178,10 +181,14 @@ def test_cli_exports_a_dump(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     code = cli.main(["plan", "export-perf-analyzer", "--dump-dir", str(tmp_path / "dump"), "--out", str(out),
                      "--model", "hstu_gr_ranking", "--batch-size", "3", "--requests", "4"])
     assert code == 0 and "(4 measured, 0 primes)" in capsys.readouterr().out
-    sent = [u.history_items for r in read_trace(out, NOCACHE) for u in r.users()]
-    assert len(sent) == 12  # the pool of 6 users, round-robin, three per request
-    for i, items in enumerate(sent):
-        assert np.array_equal(items, users[i % 6].history_items)
+    requests = [[u.user_id for u in r.users()] for r in read_trace(out, NOCACHE)]
+    assert all(len(set(ids)) == 3 for ids in requests)  # three distinct users per request
+    sent = [i for ids in requests for i in ids]
+    assert sorted(sent) == sorted(2 * [u.user_id for u in users])  # the pool of 6, twice, in a shuffled order
+    by_id = {u.user_id: u for u in users}
+    for r in read_trace(out, NOCACHE):
+        for u in r.users():
+            assert np.array_equal(u.history_items, by_id[u.user_id].history_items)
 
 
 @pytest.mark.parametrize("args, message", [

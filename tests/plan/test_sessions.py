@@ -8,7 +8,8 @@ import pytest
 from hstu_replay.data.store import SequenceStore
 from hstu_replay.interface import Limits
 from hstu_replay.plan.keys import KeyAllocator
-from hstu_replay.plan.sessions import SessionSource
+from hstu_replay.plan.dealer import Dealer
+from hstu_replay.plan.sessions import SessionSource, usable_users
 
 SWEEP = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
 
@@ -16,7 +17,7 @@ SWEEP = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
 @pytest.mark.parametrize("max_history", [64, 256])
 def test_a_sweep_at_batch_1_achieves_every_target(long_store, max_history):
     store = SequenceStore.open(long_store)
-    source = SessionSource(store, list(range(store.num_users)), KeyAllocator(0, 0, nonce=1), 16,
+    source = SessionSource(store, Dealer(usable_users(store, 16)), KeyAllocator(0, 0, nonce=1), 16,
                            Limits(max_history=max_history))
     for target in SWEEP:  # one source through the whole sweep, as a Locust user runs it
         hits = tokens = 0

@@ -18,19 +18,18 @@ def _bin(ms, **counts) -> BinStats:
 
 def hand_stats() -> RunStats:
     """Four bins with hand-worked figures (see the assertions)."""
-    stats = RunStats(prime_requests=7, prime_failures=1, warmup_requests=12,
-                     errors={"timeout": 2, "HTTP 500": 5})
+    stats = RunStats(warmup_requests=12, errors={"timeout": 2, "HTTP 500": 5})
     # below 2.048 ms the histogram is exact
-    stats.bins[BinKey(1, 0.0)] = _bin([0.4, 0.8, 1.2, 1.6], failures=1, logical_requests=4,
+    stats.bins[BinKey(1, 0.0)] = _bin([0.4, 0.8, 1.2, 1.6], errors=1, logical_requests=4,
                                       history_tokens=1000, first_start=100.0, last_end=102.0)
     stats.bins[BinKey(1, 1.0)] = _bin([0.2, 0.4, 0.6, 0.8], logical_requests=4,
                                       history_tokens=1000, expected_hits=1000,
-                                      predicted_hits=1000, observed_hits=450,
-                                      observed_tokens=500, hit_disagreements=2, verified=4,
+                                      predicted_hits=1000, observed_hits=900,
+                                      observed_tokens=1000, hit_disagreements=2, verified=4,
                                       mismatches=1, first_start=100.0, last_end=104.0)
     stats.bins[BinKey(8, 0.5)] = _bin([10, 20, 30, 40], logical_requests=32,
                                       history_tokens=2000, expected_hits=1000,
-                                      predicted_hits=1100, verified=4,
+                                      predicted_hits=1100, verified=4, prime_requests=7, prime_failures=1,
                                       first_start=50.0, last_end=58.0)
     stats.bins[BinKey(8, 1.0)] = BinStats()  # planned but nothing measured
     return stats
@@ -92,11 +91,16 @@ def test_ratios_rates_and_counts():
     r = hand_report()
     b = by_name(r)
     assert b["b1_h0.00"]["error_ratio"] == pytest.approx(0.2)  # 1 failure / 5 sent
+    assert b["b1_h1.00"]["failures"] == 1  # a wrong answer is a failure ...
+    assert b["b1_h1.00"]["error_ratio"] == pytest.approx(0.25)  # ... of 4 answered
+    assert b["b8_h0.50"]["prime_requests"] == 7 and b["b8_h0.50"]["primes_per_request"] == pytest.approx(1.75)
+    assert b["b8_h0.50"]["server_rps"] == pytest.approx(11 / 8)  # 4 measured + 7 primes in 8 s
     assert b["b1_h0.00"]["throughput_rps"] == pytest.approx(2.0)  # 4 requests in 2 s
     assert b["b8_h0.50"]["throughput_rps"] == pytest.approx(0.5)  # 4 requests in 8 s
     assert b["b8_h0.50"]["logical_throughput"] == pytest.approx(4.0)  # 32 users in 8 s
     assert b["b8_h0.50"]["achieved_ratio"] == pytest.approx(0.55)  # predicted 1100 / 2000
     assert b["b1_h1.00"]["achieved_ratio"] == pytest.approx(0.9)  # the server's word wins
+    assert (b["b1_h1.00"]["hit_source"], b["b8_h0.50"]["hit_source"]) == ("observed", "predicted")
     stages = {s["name"]: s for s in r["stages"]}
     s = stages["b1_h1.00"]
     assert (s["predicted_ratio"], s["observed_ratio"], s["expected_ratio"]) == (1.0, 0.9, 1.0)
@@ -134,11 +138,12 @@ def test_jsonable():
 
 def test_latency_table_rows():
     rows = latency_table(hand_report())
-    assert rows[0] == ["batch", "target", "achieved", "requests", "req/s", "mean ms", "p50 ms",
-                       "p90 ms", "p99 ms", "p99.9 ms", "speed-up"]
-    assert rows[2] == ["1", "1.00", "0.900", "4", "1.0", "0.50", "0.40", "0.80", "0.80", "0.80",
+    assert rows[0] == ["batch", "target", "achieved", "from", "requests", "primes", "req/s", "server req/s",
+                       "mean ms", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "speed-up"]
+    assert rows[2] == ["1", "1", "0.900", "server", "4", "0", "1.0", "1.0", "0.50", "0.40", "0.80", "0.80", "0.80",
                        "2.00x"]
-    assert rows[4][2:] == ["-", "0", "-", "-", "-", "-", "-", "-", "-"]
+    assert rows[3][2:8] == ["0.550", "model", "4", "7", "0.5", "1.4"]  # 11 server requests in 8 s
+    assert rows[4][2:] == ["-", "-", "0", "0", "-", "-", "-", "-", "-", "-", "-", "-"]
 
 
 def test_format_table_aligns_right():
@@ -148,10 +153,23 @@ def test_format_table_aligns_right():
 
 
 def test_stages_that_missed_their_target_ratio_are_named():
+    # tolerance: max(0.005, one 32-token page / mean history tokens)
     stages = [
-        {"name": "b1_h0.90", "requests": 10, "target_ratio": 0.9, "achieved_ratio": 1.0},  # missed
-        {"name": "b1_h0.75", "requests": 10, "target_ratio": 0.75, "achieved_ratio": 0.76},
-        {"name": "b8_h0.50", "requests": 0, "target_ratio": 0.5, "achieved_ratio": 0.0},  # nothing measured
-        {"name": "b8_h0.25", "requests": 3, "target_ratio": 0.25, "achieved_ratio": 0.18},  # missed
+        {"name": "b1_h0.90", "requests": 10, "target_ratio": 0.9, "achieved_ratio": 1.0,
+         "mean_history_tokens": 500},  # missed by 0.1 > 0.064
+        {"name": "b1_h0.75", "requests": 10, "target_ratio": 0.75, "achieved_ratio": 0.76,
+         "mean_history_tokens": 1000},  # 0.01 within 0.032
+        {"name": "b1_h0.5", "requests": 10, "target_ratio": 0.5, "achieved_ratio": 0.51,
+         "mean_history_tokens": 8000},  # 0.01 > 0.005 (a page is 0.004 of 8000 tokens)
+        {"name": "b8_h0.50", "requests": 0, "target_ratio": 0.5, "achieved_ratio": 0.0,
+         "mean_history_tokens": None},  # nothing measured
+        {"name": "b8_h0.25", "requests": 3, "target_ratio": 0.25, "achieved_ratio": 0.18,
+         "mean_history_tokens": 1000},  # missed
     ]
-    assert [s["name"] for s in off_target_stages({"stages": stages})] == ["b1_h0.90", "b8_h0.25"]
+    assert [s["name"] for s in off_target_stages({"stages": stages})] == ["b1_h0.90", "b1_h0.5", "b8_h0.25"]
+
+
+def test_distinct_target_ratios_get_distinct_bin_names():
+    # two decimals used to merge 0.949 and 0.951 into one "0.95" bin
+    names = {BinKey(1, r).name() for r in (0.949, 0.95, 0.951, 0.5, 1.0, 0.0)}
+    assert names == {"b1_h0.949", "b1_h0.95", "b1_h0.951", "b1_h0.50", "b1_h1.00", "b1_h0.00"}

@@ -28,7 +28,7 @@ def _bin(ms, **kw) -> BinStats:
 @pytest.fixture
 def report() -> dict:
     stats = RunStats(errors={EVIL: 1, "timeout": 4})
-    stats.bins[BinKey(1, 0.0)] = _bin([0.4, 0.8, 1.2, 1.6], history_tokens=100, failures=1)
+    stats.bins[BinKey(1, 0.0)] = _bin([0.4, 0.8, 1.2, 1.6], history_tokens=100, errors=1)
     stats.bins[BinKey(1, 1.0)] = _bin([0.2, 0.4, 0.6, 0.8], history_tokens=100,
                                       predicted_hits=100, verified=4)
     stats.bins[BinKey(8, 0.5)] = BinStats()  # nothing measured: nulls everywhere

@@ -1,0 +1,66 @@
+"""Prepare and validate a run before its first request: options, model, data, schedule.
+
+Everything that can be checked is checked here; a failure is one `HstuReplayError` line (exit 2
+before any load). What comes out is frozen: the running phase only reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hstu_replay.client.triton import ModelBinding, TritonClient
+from hstu_replay.loadtest.options import LoadTestConfig
+from hstu_replay.loadtest.schedule import Schedule
+from hstu_replay.plan.workloads import Workload, WorkloadOptions, open_workload
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which process of a run this is."""
+
+    role: str  # local | master | worker
+    worker_index: int = 0
+    worker_count: int = 1
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    config: LoadTestConfig
+    placement: Placement
+    binding: ModelBinding
+    schedule: Schedule
+    workload: Workload | None  # None on a master: its workers replay the data
+
+    @property
+    def caches(self) -> bool:
+        """Whether hit ratios apply: the served model keeps a KV cache."""
+        return self.binding.interface.uses_cache
+
+    def history_caps(self) -> dict[int, int]:
+        """Batch size -> longest history sent, where --max-values caps it below --max-history."""
+        if self.workload is None:
+            return {}
+        caps = {b: self.workload.history_cap(b) for b in self.config.batches}
+        return {b: c for b, c in caps.items() if c is not None and c < self.config.max_history}
+
+
+def connect(config: LoadTestConfig) -> ModelBinding:
+    """The served model's interface (one line if the server or model is not usable)."""
+    client = TritonClient(config.client_options())
+    try:
+        return client.connect()
+    finally:
+        client.close()
+
+
+def prepare(config: LoadTestConfig, placement: Placement, binding: ModelBinding | None = None) -> PreparedRun:
+    binding = binding or connect(config)
+    workload = None
+    if placement.role != "master":
+        options = WorkloadOptions(config.store if config.workload == "sessions" else config.dump_dir,
+                                  config.candidates, config.limits, config.seed, placement.worker_index,
+                                  placement.worker_count)
+        workload = open_workload(config.workload, options)
+        workload.check(config.batches)
+    schedule = Schedule(config.batches, config.ratios, config.warmup_seconds, config.stage_seconds)
+    return PreparedRun(config, placement, binding, schedule, workload)

@@ -1,0 +1,21 @@
+"""The client's model of the server's KV cache: the hits each request should find, predicted
+before it is sent (NVIDIA's semantics, through `CacheLedger`), and keys whose server state is
+unknown after a failure forgotten."""
+
+from __future__ import annotations
+
+from hstu_replay.cache_ledger import CacheLedger
+from hstu_replay.request import RequestTensors
+
+
+class CacheModel:
+    def __init__(self, budget_tokens: int | None, page_tokens: int):
+        self.ledger = CacheLedger(budget_tokens, page_tokens)
+
+    def predict(self, request: RequestTensors) -> tuple[int, ...]:
+        pairs = zip(request.user_ids.tolist(), request.total_history_lengths.tolist())
+        return self.ledger.serve(list(pairs)).hits
+
+    def forget(self, request: RequestTensors) -> None:
+        for key in request.user_ids.tolist():
+            self.ledger.forget(key)

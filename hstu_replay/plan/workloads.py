@@ -1,0 +1,141 @@
+"""The workloads a run replays, by name (`--workload`).
+
+A workload opens its data once per process, checks it against the run's batch sizes and
+limits before any load (one line naming what and where), and makes one step source per
+virtual user. Every source of a process shares its dealer, so no two slots replay one user.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from hstu_replay.errors import ConfigError, HstuReplayError
+from hstu_replay.interface import Limits
+from hstu_replay.plan.dealer import Dealer
+from hstu_replay.plan.keys import KeyAllocator
+from hstu_replay.plan.step import PlannedStep
+
+
+class StepSource(Protocol):
+    def next_step(self, target: float, batch_size: int) -> PlannedStep: ...
+
+    def settle(self, step: PlannedStep, ok: bool) -> None: ...
+
+
+@dataclass(frozen=True)
+class WorkloadOptions:
+    path: str  # the store or the dump directory
+    candidates: int
+    limits: Limits
+    seed: int = 0
+    worker_index: int = 0
+    worker_count: int = 1
+
+
+class Workload(Protocol):
+    name: str
+
+    def check(self, batch_sizes: tuple[int, ...]) -> None: ...
+
+    def history_cap(self, batch_size: int) -> int | None: ...
+
+    def source(self, keys: KeyAllocator) -> StepSource: ...
+
+
+class SessionWorkload:
+    name, flag = "sessions", "--store"
+
+    def __init__(self, options: WorkloadOptions):
+        from hstu_replay.data.store import SequenceStore
+        from hstu_replay.plan.sessions import usable_users
+
+        self.options = options
+        self.store = _open(self.flag, options.path, SequenceStore.open)
+        users = usable_users(self.store, options.candidates)
+        if not users:
+            raise ConfigError(f"--store {options.path}: no user has more than {options.candidates} events; "
+                              "lower --candidates")
+        self.dealer = Dealer(users, options.seed, options.worker_index, options.worker_count)
+
+    def check(self, batch_sizes: tuple[int, ...]) -> None:
+        o = self.options
+        for batch in batch_sizes:
+            if len(self.dealer) < batch:
+                raise ConfigError(f"--store {o.path}: {len(self.dealer)} usable users cannot fill a batch of "
+                                  f"{batch} distinct users")
+            if self.history_cap(batch) < 1:
+                raise ConfigError(f"--max-values {o.limits.max_values}: no room for any history at batch {batch} "
+                                  f"with --candidates {o.candidates}")
+
+    def history_cap(self, batch_size: int) -> int:
+        return self.options.limits.history_cap(batch_size, self.options.candidates)
+
+    def source(self, keys: KeyAllocator) -> StepSource:
+        from hstu_replay.plan.sessions import SessionSource
+
+        o = self.options
+        return SessionSource(self.store, self.dealer, keys, o.candidates, o.limits)
+
+
+class DumpWorkload:
+    name, flag = "dumps", "--dump-dir"
+
+    def __init__(self, options: WorkloadOptions):
+        from hstu_replay.dumps.reader import read_dump
+        from hstu_replay.plan.dumps import dumped_users, pool_identities
+
+        self.options = options
+        self.pool = dumped_users(_open(self.flag, options.path, read_dump))
+        if not self.pool:
+            raise ConfigError(f"--dump-dir {options.path}: holds no dumped users")
+        self.dealer = Dealer(range(len(self.pool)), options.seed, options.worker_index, options.worker_count,
+                             identities=pool_identities(self.pool))
+        self.held: dict = {}  # dumped user -> key holding its full history (see DumpSource)
+
+    def check(self, batch_sizes: tuple[int, ...]) -> None:
+        o, limits = self.options, self.options.limits
+        for d in self.pool:
+            u = d.request
+            if u.history_length > limits.max_history or len(u.candidates) > limits.max_candidates:
+                raise ConfigError(f"--dump-dir {o.path}: {d.label} has {u.history_length} history items and "
+                                  f"{len(u.candidates)} candidates; limits {limits.max_history} and "
+                                  f"{limits.max_candidates} (raise --max-history)")
+        sizes = sorted((6 + 2 * (d.request.history_length + len(d.request.candidates)) for d in self.pool),
+                       reverse=True)
+        distinct = len(set(self.dealer.identities))
+        for batch in batch_sizes:
+            if distinct < batch:
+                raise ConfigError(f"--dump-dir {o.path}: {distinct} distinct users cannot fill a batch of {batch}")
+            if sum(sizes[:batch]) > limits.max_values:
+                raise ConfigError(f"--dump-dir {o.path}: the {batch} largest dumped users make a request of "
+                                  f"{sum(sizes[:batch])} values; --max-values is {limits.max_values} "
+                                  f"(dumped values cannot be trimmed: lower the batch size or raise --max-values)")
+
+    def history_cap(self, batch_size: int) -> None:
+        return None  # dumped requests are sent as dumped
+
+    def source(self, keys: KeyAllocator) -> StepSource:
+        from hstu_replay.plan.dumps import DumpSource
+
+        return DumpSource(self.pool, self.dealer, self.held, keys, self.options.limits)
+
+
+def _open(flag: str, path: str, opener: Callable):
+    if not path:
+        raise ConfigError(f"{flag} is required")
+    try:
+        return opener(path)
+    except HstuReplayError as exc:
+        raise ConfigError(f"{flag} {path}: {exc}") from None
+
+
+#: --workload name -> its class
+WORKLOADS: dict[str, Callable[[WorkloadOptions], Workload]] = {w.name: w for w in (SessionWorkload, DumpWorkload)}
+
+
+def open_workload(name: str, options: WorkloadOptions) -> Workload:
+    if name not in WORKLOADS:
+        raise ConfigError(f"--workload {name!r}: use one of {', '.join(WORKLOADS)}")
+    return WORKLOADS[name](options)

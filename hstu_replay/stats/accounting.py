@@ -1,0 +1,126 @@
+"""What each sent request did to the figures: one exact record, and the stage's counters.
+
+`Accountant` is the only writer of a process's `RunStats` and records file during a run. It
+knows nothing of Locust or of how requests are sent: the load generator hands it a finished
+`Sent` and it files it under its stage.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from hstu_replay.request import RequestTensors
+from hstu_replay.stats.run_stats import BinKey, RunStats
+from hstu_replay.verify import Verdict
+
+KINDS = ("prime", "warmup", "measure")
+
+
+@dataclass
+class Outcome:
+    """What happened to one sent request."""
+
+    latency_s: float
+    logits: np.ndarray | None = None
+    cached_tokens: np.ndarray | None = None
+    error: str = ""
+    verdict: Verdict | None = None
+    mismatch: str = ""  # one line naming request, user and difference, when the verdict fails
+    lag_s: float | None = None  # open loop: actual send - intended send
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One request as the accountant files it."""
+
+    kind: str  # prime | warmup | measure
+    stage: BinKey
+    request: RequestTensors
+    expected_hits: tuple[int, ...]  # what the plan aimed at (0s for a prime)
+    predicted_hits: tuple[int, ...]  # what the client's cache model said the server held
+    outcome: Outcome
+    label: str
+    user: int  # virtual user index in its process
+
+
+class RecordSink(Protocol):
+    def write(self, record: dict) -> None: ...
+
+
+class Accountant:
+    def __init__(self, stats: RunStats, records: RecordSink | None, worker_index: int):
+        self.stats, self.records, self.worker_index = stats, records, worker_index
+
+    def file(self, sent: Sent) -> None:
+        if self.records is not None:
+            self.records.write(self._record(sent))
+        if sent.kind == "warmup":
+            self.stats.warmup_requests += 1
+            return
+        outcome, request = sent.outcome, sent.request
+        tokens = int(request.total_history_lengths.sum())
+        b = self.stats.bin(sent.stage)
+        if sent.kind == "prime":
+            b.prime_requests += 1
+            b.prime_failures += not outcome.ok
+            b.prime_tokens += tokens - sum(sent.predicted_hits) if outcome.ok else 0
+            if not outcome.ok:
+                self.stats.count_error(f"prime: {outcome.error}")
+            return
+        now = time.time()
+        b.first_start = min(b.first_start, now - outcome.latency_s)
+        b.last_end = max(b.last_end, now)
+        if not outcome.ok:
+            b.errors += 1
+            self.stats.count_error(outcome.error)
+            return
+        b.latency.record(outcome.latency_s)
+        if outcome.lag_s is not None:
+            b.lag.record(outcome.lag_s)
+            b.corrected.record(outcome.lag_s + outcome.latency_s)
+        b.requests += 1
+        b.logical_requests += request.batch_size
+        b.history_tokens += tokens
+        b.expected_hits += sum(sent.expected_hits)
+        predicted = sum(sent.predicted_hits)
+        b.predicted_hits += predicted
+        hits = predicted
+        if outcome.cached_tokens is not None:
+            observed = int(outcome.cached_tokens.sum())
+            b.observed_hits += observed
+            b.observed_tokens += tokens
+            b.hit_disagreements += observed != predicted
+            b.hits_lost += observed < predicted
+            hits = observed
+        b.computed_tokens += tokens - hits
+        if outcome.verdict is not None:
+            b.verified += 1
+            if not outcome.verdict.ok:
+                b.mismatches += 1
+                self.stats.count_error(outcome.mismatch)
+
+    def _record(self, sent: Sent) -> dict:
+        outcome = sent.outcome
+        record = {
+            "t": time.time() - outcome.latency_s, "latency_ms": outcome.latency_s * 1e3, "kind": sent.kind,
+            "stage": sent.stage.name(), "batch": sent.request.batch_size, "target": sent.stage.target_ratio,
+            "tokens": int(sent.request.total_history_lengths.sum()), "keys": sent.request.user_ids.tolist(),
+            "expected_hits": sum(sent.expected_hits), "predicted_hits": sum(sent.predicted_hits),
+            "observed_hits": None if outcome.cached_tokens is None else int(outcome.cached_tokens.sum()),
+            "ok": outcome.ok, "error": outcome.error or None, "label": sent.label,
+            "worker": self.worker_index, "user": sent.user,
+        }
+        if outcome.verdict is not None:
+            record["max_abs_diff"] = outcome.verdict.max_abs_diff
+            record["mismatch"] = not outcome.verdict.ok
+        if outcome.lag_s is not None:
+            record["lag_ms"] = outcome.lag_s * 1e3
+        return record
