@@ -1,3 +1,5 @@
+from collections import OrderedDict
+
 import pytest
 
 from hstu_replay.cache_ledger import CacheLedger
@@ -46,3 +48,29 @@ def test_running_users_are_not_evicted_for_each_other_until_nothing_else_is_left
     out = ledger.serve([(1, 64), (2, 32)])  # needs 3 pages: evicts 9 only
     assert out.evicted == (9,) and out.dropped == ()
     assert ledger.held(1) == 64 and ledger.held(2) == 32
+
+
+class _CountingDict(OrderedDict):
+    """Counts the keys any iteration over the ledger's table yields."""
+
+    yielded = 0
+
+    def __iter__(self):
+        for key in super().__iter__():
+            type(self).yielded += 1
+            yield key
+
+
+def test_serving_under_a_budget_looks_only_at_the_keys_it_evicts():
+    # Each request used to copy every resident key (6.4 ms per request at 100k keys).
+    ledger = CacheLedger(budget_tokens=10_000 * 32, page_tokens=32)
+    ledger._held = _CountingDict()
+    for key in range(10_000):
+        ledger.serve([(key, 32)])
+    _CountingDict.yielded = 0
+    out = ledger.serve([(10_000, 64)])  # one page over: evicts the two least recent keys
+    assert out.evicted == (0, 1)
+    assert _CountingDict.yielded <= 3
+    _CountingDict.yielded = 0
+    ledger.serve([(10_001, 32)])
+    assert _CountingDict.yielded <= 2

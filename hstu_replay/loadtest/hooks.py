@@ -68,6 +68,7 @@ def _init(environment, **_):
 
     environment.events.report_to_master.add_listener(report_to_master)
     environment.events.worker_report.add_listener(worker_report)
+    environment.events.spawning_complete.add_listener(lambda **_: _start_sweep(environment))
     if role == "master":
         runner.register_message(WORKER_FAILED, lambda msg, **_: fail(environment, f"worker {msg.data}"))
     if role == "worker":
@@ -76,6 +77,17 @@ def _init(environment, **_):
                 runtime.run.clock.start(elapsed_s=float(msg.data))
 
         runner.register_message(SWEEP_CLOCK, sweep_clock)
+
+
+def _start_sweep(environment) -> None:
+    """At spawning complete, in a single process, and in a master once every worker has spawned
+    its users (workers get the master's clock, also when they join late)."""
+    run = environment.hstu.run
+    if run is None:
+        return
+    run.clock.start()  # no-op when the sweep already runs (the web UI changed the user count)
+    if isinstance(environment.runner, MasterRunner):
+        environment.runner.send_message(SWEEP_CLOCK, run.clock.elapsed_s())
 
 
 def _exit(exc: HstuReplayError) -> None:
@@ -113,22 +125,13 @@ def _test_start(environment, **_):
         server_stats.watch(environment, run)
 
 
-@events.spawning_complete.add_listener
-def _spawning_complete(environment, **_):
-    """Fired by a single process, and by a master once every worker has spawned its users
-    (workers get the master's clock, also when they join late)."""
-    run = getattr(environment, "hstu", None) and environment.hstu.run
-    if run is None:
-        return
-    run.clock.start()  # no-op when the sweep already runs (the web UI changed the user count)
-    if isinstance(environment.runner, MasterRunner):
-        environment.runner.send_message(SWEEP_CLOCK, run.clock.elapsed_s())
-
-
 @events.test_stop.add_listener
 def _test_stop(environment, **_):
     runtime: LoadTestRuntime = environment.hstu
-    if runtime.role != "worker" and runtime.run is not None:
+    if runtime.run is None:
+        return
+    runtime.run.ended = True
+    if runtime.role != "worker":
         from hstu_replay.loadtest.finish import write_final_report
 
         write_final_report(environment)

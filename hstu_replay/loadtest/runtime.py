@@ -44,6 +44,7 @@ class ActiveRun:
         self._users = itertools.count()
         self._clients: list = []
         self._said: set[str] = set()
+        self.ended = False  # set at test stop
 
     def new_user_index(self) -> int:
         return next(self._users)
@@ -69,6 +70,7 @@ class ActiveRun:
             print(f"hstu-replay: warning: {message}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
+        self.ended = True
         while self._clients:
             self._clients.pop().close()
         if self.records is not None:

@@ -13,7 +13,10 @@ class SweepShape(LoadTestShape):
 
     def tick(self):
         runtime = getattr(self.runner.environment, "hstu", None)
-        if runtime is None or runtime.run is None or runtime.run.clock.over():
+        if runtime is None:
+            return None
+        run = runtime.run  # until test start: none yet, or the previous run (ended)
+        if run is not None and not run.ended and run.clock.over():
             return None
         options = self.runner.environment.parsed_options
         return options.num_users or 1, options.spawn_rate or 1

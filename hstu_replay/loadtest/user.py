@@ -73,16 +73,17 @@ class HstuUser(User):
             gevent.sleep(PLAN_BACKOFF_S)
             return
         ok = True
-        if step.prime is not None and run.prepared.caches:
-            ok = self._send("prime", step, step.prime, position)  # before the intended time: not charged
+        kind = "warmup" if position.warming_up else "measure"
+        if step.prime is not None and run.prepared.caches:  # sent before the intended time: not charged
+            ok = self._send("warmup" if position.warming_up else "prime", step, step.prime, position, prime=True)
         if ok:
             if intended is not None:
                 gevent.sleep(min(max(intended - time.monotonic(), 0.0), run.prepared.schedule.duration_s))
-            ok = self._send("warmup" if position.warming_up else "measure", step, step.request, position, intended)
+            ok = self._send(kind, step, step.request, position, intended)
         self.source.settle(step, ok)
 
     def _send(self, kind: str, step: PlannedStep, request: RequestTensors, position: StagePosition,
-              intended: float | None = None) -> bool:
+              intended: float | None = None, prime: bool = False) -> bool:
         """Send one request and file it; False when the server's cache state is now unknown."""
         run = self.run
         caches = run.prepared.caches
@@ -98,7 +99,7 @@ class HstuUser(User):
         if intended is not None:
             outcome.lag_s = max(start - intended, 0.0)
         exception = RuntimeError(outcome.error) if outcome.error else None
-        if kind != "prime" and outcome.ok and step.reference is not None:
+        if not prime and outcome.ok and step.reference is not None:
             if self.rng.random() < run.config.verify_fraction:
                 outcome.verdict = compare(outcome.logits, step.reference, request.num_candidates, run.config.tolerance)
                 if not outcome.verdict.ok:
@@ -107,11 +108,11 @@ class HstuUser(User):
                     outcome.mismatch = (f"mismatch in {step.label}: user {user} max |diff| {v.max_abs_diff:.4g} "
                                         f"> {run.config.tolerance} {v.reason}").rstrip()
                     exception = MismatchError(outcome.mismatch)
-        hits = step.expected_hits if kind != "prime" else (0,) * request.batch_size
-        label = step.label if kind != "prime" else step.label + " (prime)"
+        hits = (0,) * request.batch_size if prime else step.expected_hits
+        label = step.label + " (prime)" if prime else step.label
         run.accountant.file(Sent(kind, position.stage.key, request, hits, predicted, outcome, label, self.index))
         self.environment.events.request.fire(
-            request_type=run.config.triton_protocol, name=request_name(position, kind),
+            request_type=run.config.triton_protocol, name=request_name(position, "prime" if prime else kind),
             response_time=outcome.latency_s * 1e3, response_length=0 if outcome.logits is None else outcome.logits.nbytes,
             exception=exception, context={"label": step.label},
         )

@@ -26,3 +26,55 @@ def test_a_sweep_at_batch_1_achieves_every_target(long_store, max_history):
             hits += sum(step.expected_hits)
             tokens += int(step.request.total_history_lengths.sum())
         assert hits / tokens == pytest.approx(target, abs=0.03), (target, hits / tokens)
+
+
+def test_slots_of_a_batch_and_users_of_a_process_replay_different_users(long_store):
+    # Each slot used to advance by one through one order, and each virtual user was the same
+    # order shifted by one: 62 of 200 batch-4 requests held one store user twice.
+    store = SequenceStore.open(long_store)
+    dealer = Dealer(usable_users(store, 16), seed=0)
+    sources = [SessionSource(store, dealer, KeyAllocator(0, i, nonce=1), 16, Limits(max_history=256))
+               for i in range(2)]
+    for _ in range(200):
+        for source in sources:
+            step = source.next_step(0.5, 4)
+            users = [u.user_id for u in step.request.users()]
+            assert len(set(users)) == 4, users
+    held = [slot.user for source in sources for slot in source._slots]
+    assert len(set(held)) == len(held) == 8  # 16 users in the store: no two slots share one
+
+
+class _History:
+    def __init__(self, user_id: int, events: int):
+        self.user_id, self.context = user_id, (1, 1, 1, 1, 1)
+        self.video_ids = np.arange(1, events + 1, dtype=np.int64) + user_id * 10_000
+        self.actions = np.ones(events, dtype=np.int64)
+        self.times_ms = np.zeros(events, dtype=np.int64)  # one long visit: a key jumps to the cap
+
+
+class _LongStore:
+    """Eight users of 5,000 events each, more than the published 4,096-item limit."""
+
+    def __init__(self):
+        self.users = [_History(u + 1, 5000) for u in range(8)]
+
+    def __len__(self):
+        return len(self.users)
+
+    def user(self, index):
+        return self.users[index]
+
+
+@pytest.mark.parametrize("target", [0.0, 0.5, 0.9, 1.0])
+def test_batch_8_at_default_limits_fits_max_values(target):
+    # With --max-history 4096 and --max-values 40000, batch 8 used to raise
+    # "request has 40642 values; the model takes at most 40000" on every step.
+    store, limits = _LongStore(), Limits()
+    source = SessionSource(store, Dealer(usable_users(store, 16)), KeyAllocator(0, 0, nonce=1), 16, limits)
+    longest = 0
+    for _ in range(50):
+        step = source.next_step(target, 8)
+        assert len(step.request.values) <= limits.max_values
+        assert step.prime is None or len(step.prime.values) <= limits.max_values
+        longest = max(longest, max(u.history_length for u in step.request.users()))
+    assert longest == limits.history_cap(8, 16) == 2481  # capped, and the cap is reached

@@ -1,0 +1,156 @@
+"""The truth table: every hit ratio the report prints equals what an independent server saw.
+
+The oracle (tests/oracle/server.py) is a real Triton server whose KV-cache bookkeeping shares no
+code with the tool's; it checks the wire layout of every request and records the hits each one
+found. Each Locust run here is joined request by request with that record: per stage, the
+reported achieved ratio must equal the oracle's within 0.005 and the target within
+max(0.005, one page / mean history tokens), for closed and open loop, sessions and dumps, batch
+1 and 8, one process and master + 2 workers, with and without CACHED_TOKENS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections import defaultdict
+
+import pytest
+
+from hstu_replay.loadtest.records import read_records
+from tests.conftest import ROOT, free_ports, locust_command, run_locust
+
+pytestmark = pytest.mark.integration
+
+RATIOS = "0,0.5,0.9,1.0"
+PAGE_TOKENS = 32
+
+
+def sweep_args(server, workload: str, data: dict, arrival: str) -> list[str]:
+    args = ["--triton-url", server.grpc_url, "--workload", workload,
+            "--store" if workload == "sessions" else "--dump-dir", str(data[workload]),
+            "--hit-ratios", RATIOS, "--batch-sizes", "1,8", "--stage-seconds", "2", "--warmup-seconds", "0.5",
+            "--max-history", "256", "--verify-fraction", "0"]  # the oracle answers zeros
+    if arrival != "closed":
+        args += ["--arrival", arrival, "--request-rate", "40"]
+    return args
+
+
+def distributed(report_dir, args: list[str], users: int = 4) -> tuple[int, str]:
+    """Master + 2 workers on loopback; the master's exit code and log."""
+    (port,) = free_ports(1)
+    common = ["--loglevel", "WARNING", "--report-dir", str(report_dir)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    logs = [(report_dir.parent / f"{report_dir.name}-{n}.log").open("w") for n in ("master", "w0", "w1")]
+    master = subprocess.Popen(locust_command(
+        "--master", "--headless", "--only-summary", "--expect-workers", "2", "--expect-workers-max-wait", "60",
+        "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port), "-u", str(users), "-r", str(users),
+        *args, *common), stdout=logs[0], stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    workers = [subprocess.Popen(locust_command("--worker", "--master-host", "127.0.0.1", "--master-port", str(port),
+                                               *common), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+               for log in logs[1:]]
+    try:
+        code = master.wait(180)
+        for w in workers:
+            w.wait(60)
+    finally:
+        for p in [master, *workers]:
+            if p.poll() is None:
+                p.kill()
+    return code, (report_dir.parent / f"{report_dir.name}-master.log").read_text()
+
+
+def oracle_view(records: list[dict], seen: list[dict]) -> dict[str, tuple[int, int]]:
+    """Per stage: (hits, history tokens) the oracle saw on the run's measured requests.
+
+    Requests are joined by their tuple of cache keys, in order: a key has one request in flight
+    at a time, so each side lists a key tuple's requests in the same order.
+    """
+    by_keys: dict[tuple, list[dict]] = defaultdict(list)
+    for entry in seen:
+        by_keys[tuple(entry["keys"])].append(entry)
+    cursor: dict[tuple, int] = defaultdict(int)
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for record in sorted((r for r in records if r["ok"]), key=lambda r: r["t"]):  # in send order
+        keys = tuple(record["keys"])
+        entry = by_keys[keys][cursor[keys]]
+        cursor[keys] += 1
+        assert sum(entry["totals"]) == record["tokens"], (record, entry)
+        if record["kind"] == "measure":
+            totals[record["stage"]][0] += sum(entry["hits"])
+            totals[record["stage"]][1] += sum(entry["totals"])
+    return {stage: (h, t) for stage, (h, t) in totals.items()}
+
+
+def check_truth(report: dict, records: list[dict], seen: list[dict], expect_source: str) -> list[str]:
+    """Every stage: reported == oracle within 0.005, oracle == target within the page tolerance."""
+    assert not [e for e in seen if e["violations"]], [e["violations"] for e in seen if e["violations"]][:3]
+    view = oracle_view(records, seen)
+    rows = []
+    for stage in report["stages"]:
+        hits, tokens = view[stage["name"]]
+        oracle = hits / tokens
+        tolerance = max(0.005, PAGE_TOKENS / stage["mean_history_tokens"])
+        assert stage["requests"] >= 5, stage
+        assert stage["hit_source"] == expect_source, stage
+        assert abs(stage["achieved_ratio"] - oracle) <= 0.005, (stage, oracle)
+        assert abs(oracle - stage["target_ratio"]) <= tolerance, (stage, oracle, tolerance)
+        rows.append(f"{stage['name']}: target {stage['target_ratio']:g} reported {stage['achieved_ratio']:.4f} "
+                    f"oracle {oracle:.4f} ({stage['requests']} requests)")
+    return rows
+
+
+def seen_since(oracle, start: int) -> list[dict]:
+    return oracle.records()[start:]
+
+
+@pytest.fixture(scope="module")
+def data(sample_store, reference_dumps) -> dict:
+    return {"sessions": sample_store, "dumps": reference_dumps}
+
+
+@pytest.mark.parametrize("cached_tokens", [True, False], ids=["reports-hits", "no-hit-report"])
+@pytest.mark.parametrize("workload", ["sessions", "dumps"])
+@pytest.mark.parametrize("arrival", ["closed", "poisson"])
+def test_one_process(oracle_servers, data, tmp_path, arrival, workload, cached_tokens):
+    oracle = oracle_servers(cached_tokens=cached_tokens)
+    start = len(oracle.records())
+    result = run_locust(tmp_path, "-u", "4", "-r", "2", *sweep_args(oracle, workload, data, arrival))
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = check_truth(result.report, read_records(tmp_path), seen_since(oracle, start),
+                       "observed" if cached_tokens else "predicted")
+    print("\n".join(rows))
+
+
+@pytest.mark.parametrize("workload, arrival, cached_tokens", [
+    ("sessions", "closed", False), ("sessions", "poisson", True),
+    ("dumps", "closed", True), ("dumps", "poisson", False),
+])
+def test_master_and_two_workers(oracle_servers, data, tmp_path, workload, arrival, cached_tokens):
+    oracle = oracle_servers(cached_tokens=cached_tokens)
+    start = len(oracle.records())
+    report_dir = tmp_path / "report"
+    code, log = distributed(report_dir, sweep_args(oracle, workload, data, arrival))
+    assert code == 0, log[-3000:]
+    report = json.loads((report_dir / "report.json").read_text())
+    records = read_records(report_dir)
+    assert {r["worker"] for r in records} == {0, 1}
+    rows = check_truth(report, records, seen_since(oracle, start), "observed" if cached_tokens else "predicted")
+    print("\n".join(rows))
+
+
+def test_the_capacity_model_agrees_with_an_independent_lru(oracle_servers, data, tmp_path):
+    """Under a cache budget the client's model must predict the evictions an independent LRU makes."""
+    budget = 40 * PAGE_TOKENS * 8
+    oracle = oracle_servers(cached_tokens=False, budget_tokens=budget)
+    start = len(oracle.records())
+    result = run_locust(tmp_path, "-u", "2", "-r", "2", *sweep_args(oracle, "sessions", data, "closed"),
+                        "--cache-budget-tokens", str(budget))
+    assert result.returncode == 0, result.stderr[-3000:]
+    view = oracle_view(read_records(tmp_path), seen_since(oracle, start))
+    evicting = 0
+    for stage in result.report["stages"]:
+        hits, tokens = view[stage["name"]]
+        assert abs(stage["achieved_ratio"] - hits / tokens) <= 0.005, (stage, hits / tokens)
+        evicting += stage["target_ratio"] - hits / tokens > 0.05
+    assert evicting  # the budget was small enough to matter
