@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,14 +27,8 @@ BIN = Path(sys.executable).parent
 
 
 
-@dataclass(frozen=True)
-class ServerHandle:
-    process: subprocess.Popen
-    http_port: int
-    grpc_port: int
-    metrics_port: int
-    cache_metrics_port: int
-    log: Path
+class Loopback:
+    """Addresses of a server on 127.0.0.1 with `grpc_port` and `http_port`."""
 
     @property
     def grpc_url(self) -> str:
@@ -43,6 +37,16 @@ class ServerHandle:
     @property
     def http_url(self) -> str:
         return f"127.0.0.1:{self.http_port}"
+
+
+@dataclass(frozen=True)
+class ServerHandle(Loopback):
+    process: subprocess.Popen
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    cache_metrics_port: int
+    log: Path
 
 
 def start_server(repository: Path, log: Path, *extra: str, ready_timeout: float = 120.0,
@@ -146,6 +150,40 @@ def locust_command(*args: str) -> list[str]:
     return [str(BIN / "locust"), "-f", str(LOCUSTFILE), *args]
 
 
+def run_distributed(tmp_path: Path, *args: str, users: int = 4, workers: int = 2,
+                    during: Callable[[Path, list[subprocess.Popen]], None] | None = None) -> tuple[int, Path, str]:
+    """A real master (headless) and `workers` workers on loopback: exit code, report dir, master log.
+
+    `during(master_log, worker_processes)` runs while they do (e.g. to kill a worker).
+    """
+    (port,) = free_ports(1)
+    report = tmp_path / "report"
+    common = ["--loglevel", "INFO", "--report-dir", str(report)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+
+    def start(command: list[str], log: Path) -> subprocess.Popen:
+        with log.open("w") as out:
+            return subprocess.Popen(locust_command(*command), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+
+    master_log = tmp_path / "master.log"
+    master = start(["--master", "--headless", "--only-summary", "--expect-workers", str(workers),
+                    "--expect-workers-max-wait", "90", "--master-bind-host", "127.0.0.1", "--master-bind-port",
+                    str(port), "-u", str(users), "-r", str(users), *args, *common], master_log)
+    started = [start(["--worker", "--master-host", "127.0.0.1", "--master-port", str(port), *common],
+                     tmp_path / f"worker{i}.log") for i in range(workers)]
+    try:
+        if during is not None:
+            during(master_log, started)
+        code = master.wait(240)
+        for w in started:
+            w.wait(120)
+    finally:
+        for p in [master, *started]:
+            if p.poll() is None:
+                p.kill()
+    return code, report, master_log.read_text()
+
+
 def run_locust(report_dir: Path, *args: str, timeout: float = 180.0) -> LocustResult:
     """A real headless Locust run (bounded by `timeout`)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -160,11 +198,11 @@ def run_locust(report_dir: Path, *args: str, timeout: float = 180.0) -> LocustRe
 # ---------------------------------------------------------------------------------------------------------
 # The KV-cache oracle (tests/oracle/server.py): an independent server that records what it was sent.
 
-from collections.abc import Callable, Iterator  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 
 
 @dataclass(frozen=True)
-class OracleHandle:
+class OracleHandle(Loopback):
     """One running oracle variant; `log` is its JSON-lines record of requests, `output` its stdout/stderr."""
 
     process: subprocess.Popen
@@ -173,14 +211,6 @@ class OracleHandle:
     metrics_port: int
     log: Path
     output: Path
-
-    @property
-    def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    @property
-    def http_url(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
 
     def records(self) -> list[dict]:
         from tests.oracle.server import read_log

@@ -123,8 +123,8 @@ def _at(bins: list[dict], ratio: float) -> list[dict]:
 
 
 def _error_ratio_violations(bins: list[dict], limit: float) -> list[str]:
-    failures = sum(b["failures"] for b in bins)
-    total = failures + sum(b["requests"] for b in bins)
+    failures = sum(b["failures"] for b in bins)  # no answer, or a wrong one
+    total = sum(b["requests"] + b["errors"] for b in bins)  # requests sent
     if not total:
         return ["no measured requests for --max-error-ratio"]
     ratio = failures / total

@@ -155,7 +155,7 @@ def capacity(out: Path, server, dumps, *args: str, timeout: float = 150.0) -> su
 @pytest.mark.integration
 def test_a_real_capacity_run(triton_server, reference_dumps, tmp_path):
     result = capacity(tmp_path, triton_server, reference_dumps, "--hit-ratios", "0,1.0", "--users-steps", "1,2",
-                      "--slo-p99-ms", "60000", "--target-rps", "100",
+                      "--slo-p99-ms", "60000", "--target-rps", "2000", "--batch-size", "8",
                       "--metrics-url", f"127.0.0.1:{triton_server.metrics_port}",
                       "--cache-metrics-url", f"127.0.0.1:{triton_server.cache_metrics_port}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -173,8 +173,15 @@ def test_a_real_capacity_run(triton_server, reference_dumps, tmp_path):
             assert (tmp_path / step["report_dir"] / "report.json").is_file()
         best = ratio["sustainable"]
         assert best["load"] in (1, 2) and ratio["knee"] is not None
-        assert ratio["servers_needed"] == math.ceil(100 / best["logical_throughput"])
+        assert ratio["servers_needed"] == math.ceil(2000 / best["logical_throughput"])
     zero, one = data["ratios"]
+    # 100% hits come from reused keys (no priming request before each measured one), so they never
+    # need more servers than a cold cache: with a prime per request they used to need more.
+    assert (zero["hits_from"], one["hits_from"]) == ("none", "reuse")
+    assert one["sustainable"]["primes_per_request"] < 0.05
+    assert one["servers_needed"] <= zero["servers_needed"]
+    assert one["sustainable"]["logical_throughput"] > zero["sustainable"]["logical_throughput"]
+    assert "hits from reuse" in result.stdout
     assert one["steps"][0]["metrics"]["cache"]["hit_tokens"] > 0
     assert zero["steps"][0]["metrics"]["cache"]["hit_tokens"] == 0
     assert len(list(csv.DictReader((tmp_path / "capacity.csv").open()))) == 4

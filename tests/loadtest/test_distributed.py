@@ -2,53 +2,30 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
 import time
 
 import pytest
 
 from hstu_replay.loadtest.records import read_records
-from tests.conftest import ROOT, free_ports, locust_command
+from tests.conftest import run_distributed
 
 pytestmark = pytest.mark.integration
 
 
-def start(args: list[str], log) -> subprocess.Popen:
-    return subprocess.Popen(locust_command(*args), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
-
-
 def distributed_run(tmp_path, server, store, kill_one_worker: bool = False):
-    (port,) = free_ports(1)
-    report = tmp_path / "report"
-    common = ["--loglevel", "INFO", "--report-dir", str(report)]
-    master_log = (tmp_path / "master.log").open("w")
-    master = start(["--master", "--headless", "--only-summary", "--expect-workers", "2",
-                    "--expect-workers-max-wait", "90", "--master-bind-host",
-                    "127.0.0.1", "--master-bind-port", str(port), "-u", "4", "-r", "4",
-                    "--triton-url", server.grpc_url, "--workload", "sessions", "--store", str(store),
-                    "--hit-ratios", "0,0.9", "--batch-sizes", "2", "--stage-seconds", "5", "--warmup-seconds", "1",
-                    "--max-history", "256", *common], master_log)
-    workers = [start(["--worker", "--master-host", "127.0.0.1", "--master-port", str(port), *common],
-                     (tmp_path / f"worker{i}.log").open("w")) for i in range(2)]
-    try:
-        if kill_one_worker:
-            deadline = time.monotonic() + 90
-            while "Shape test starting" not in (tmp_path / "master.log").read_text() and time.monotonic() < deadline:
-                time.sleep(0.5)
-            time.sleep(7)  # both workers are sending by now (sweep: 12 s)
-            workers[1].send_signal(signal.SIGKILL)
-        code = master.wait(240)
-        for w in workers:
-            w.wait(120)
-    finally:
-        for p in [master, *workers]:
-            if p.poll() is None:
-                p.kill()
-    return code, report, (tmp_path / "master.log").read_text()
+    def kill_second_worker(master_log, workers):
+        deadline = time.monotonic() + 90
+        while "Shape test starting" not in master_log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(7)  # both workers are sending by now (sweep: 12 s)
+        workers[1].send_signal(signal.SIGKILL)
+
+    return run_distributed(tmp_path, "--triton-url", server.grpc_url, "--workload", "sessions", "--store", str(store),
+                           "--hit-ratios", "0,0.9", "--batch-sizes", "2", "--stage-seconds", "5",
+                           "--warmup-seconds", "1", "--max-history", "256",
+                           during=kill_second_worker if kill_one_worker else None)
 
 
 def test_master_merges_two_workers(triton_server, sample_store, tmp_path):

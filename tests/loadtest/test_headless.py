@@ -7,6 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
+from hstu_replay.loadtest.records import read_records
 from tests.conftest import run_locust
 
 pytestmark = pytest.mark.integration
@@ -95,12 +96,14 @@ def test_an_injected_wrong_answer_is_caught(triton_server, reference_dumps, tmp_
     result = run_locust(
         tmp_path / "report", "-u", "1", "-r", "1", "--triton-url", triton_server.grpc_url, "--workload", "dumps",
         "--dump-dir", str(corrupt), "--hit-ratios", "0.5", "--batch-sizes", "8", "--stage-seconds", "3",
-        "--warmup-seconds", "0", "--max-history", "256", "--max-mismatches", "0",
+        "--warmup-seconds", "0", "--max-history", "256", "--max-error-ratio", "0",
     )
-    assert result.returncode == 3
-    assert "mismatch" in result.stderr
+    assert result.returncode == 3  # a wrong answer is a failure: --max-error-ratio sees it
+    assert "error ratio" in result.stderr
     report = result.report
     assert report["verification"]["mismatches"] >= 1
+    (b,) = report["bins"]
+    assert b["failures"] == b["mismatches"] >= 1 and b["errors"] == 0 and b["error_ratio"] > 0
     assert report["verification"]["verified"] > report["verification"]["mismatches"]
     assert any("batch_000002" in reason and "max |diff| 1" in reason for reason in report["errors"]), report["errors"]
 
@@ -141,3 +144,18 @@ def test_bad_option_is_one_line(tmp_path):
     assert result.returncode == 2
     assert "--hit-ratios" in result.stderr and "0..1" in result.stderr
     np.testing.assert_equal(len([l for l in result.stderr.splitlines() if "error" in l]), 1)
+
+
+def test_users_still_spawning_are_never_measured(triton_server, reference_dumps, tmp_path):
+    # -r 1: the fourth user starts 3 s after the first; the sweep waits for it.
+    result = run_locust(
+        tmp_path, "-u", "4", "-r", "1", "--triton-url", triton_server.grpc_url, "--workload", "dumps",
+        "--dump-dir", str(reference_dumps), "--hit-ratios", "0", "--batch-sizes", "1", "--stage-seconds", "3",
+        "--warmup-seconds", "0.5", "--max-history", "256")
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = read_records(tmp_path)
+    first_of_user = {}
+    for r in records:
+        first_of_user[r["user"]] = min(first_of_user.get(r["user"], r["t"]), r["t"])
+    assert len(first_of_user) == 4
+    assert min(r["t"] for r in records if r["kind"] == "measure") >= max(first_of_user.values())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from hstu_replay.loadtest.records import read_records
 from tests.conftest import run_locust
 
 pytestmark = pytest.mark.integration
@@ -37,3 +38,15 @@ def test_an_overloaded_server_is_charged_from_intended_send_times(triton_server,
     assert b["throughput_rps"] < 0.5 * 400  # one stream cannot keep up with 400/s
     assert b["lag_p99_ms"] > 500  # the schedule fell behind ...
     assert b["corrected_p99_ms"] > 5 * b["p99_ms"]  # ... and the report says so
+
+
+def test_priming_is_sent_ahead_and_not_charged_to_lag(triton_server, reference_dumps, tmp_path):
+    # Every 0.5 step primes first; the prime used to sit inside the measured request's lag.
+    result = open_loop(triton_server, reference_dumps, tmp_path, "constant", rate=8.0, users=2, ratio="0.5")
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = read_records(tmp_path)
+    primes = sorted(r["latency_ms"] for r in records if r["label"].endswith("(prime)"))
+    lags = sorted(r["lag_ms"] for r in records if r["kind"] == "measure")
+    assert primes and lags
+    assert lags[len(lags) // 2] < primes[len(primes) // 2] / 2
+

@@ -11,14 +11,12 @@ max(0.005, one page / mean history tokens), for closed and open loop, sessions a
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from collections import defaultdict
 
 import pytest
 
 from hstu_replay.loadtest.records import read_records
-from tests.conftest import ROOT, free_ports, locust_command, run_locust
+from tests.conftest import run_distributed, run_locust
 
 pytestmark = pytest.mark.integration
 
@@ -34,30 +32,6 @@ def sweep_args(server, workload: str, data: dict, arrival: str) -> list[str]:
     if arrival != "closed":
         args += ["--arrival", arrival, "--request-rate", "40"]
     return args
-
-
-def distributed(report_dir, args: list[str], users: int = 4) -> tuple[int, str]:
-    """Master + 2 workers on loopback; the master's exit code and log."""
-    (port,) = free_ports(1)
-    common = ["--loglevel", "WARNING", "--report-dir", str(report_dir)]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    logs = [(report_dir.parent / f"{report_dir.name}-{n}.log").open("w") for n in ("master", "w0", "w1")]
-    master = subprocess.Popen(locust_command(
-        "--master", "--headless", "--only-summary", "--expect-workers", "2", "--expect-workers-max-wait", "60",
-        "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port), "-u", str(users), "-r", str(users),
-        *args, *common), stdout=logs[0], stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-    workers = [subprocess.Popen(locust_command("--worker", "--master-host", "127.0.0.1", "--master-port", str(port),
-                                               *common), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-               for log in logs[1:]]
-    try:
-        code = master.wait(180)
-        for w in workers:
-            w.wait(60)
-    finally:
-        for p in [master, *workers]:
-            if p.poll() is None:
-                p.kill()
-    return code, (report_dir.parent / f"{report_dir.name}-master.log").read_text()
 
 
 def oracle_view(records: list[dict], seen: list[dict]) -> dict[str, tuple[int, int]]:
@@ -129,8 +103,7 @@ def test_one_process(oracle_servers, data, tmp_path, arrival, workload, cached_t
 def test_master_and_two_workers(oracle_servers, data, tmp_path, workload, arrival, cached_tokens):
     oracle = oracle_servers(cached_tokens=cached_tokens)
     start = len(oracle.records())
-    report_dir = tmp_path / "report"
-    code, log = distributed(report_dir, sweep_args(oracle, workload, data, arrival))
+    code, report_dir, log = run_distributed(tmp_path, *sweep_args(oracle, workload, data, arrival))
     assert code == 0, log[-3000:]
     report = json.loads((report_dir / "report.json").read_text())
     records = read_records(report_dir)

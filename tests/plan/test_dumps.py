@@ -2,32 +2,17 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from hstu_replay.interface import Limits
 from hstu_replay.plan.dealer import Dealer
-from hstu_replay.plan.dumps import DumpedUser, DumpSource, pool_identities
+from hstu_replay.plan.dumps import DumpSource, pool_identities
 from hstu_replay.plan.keys import KeyAllocator
-from hstu_replay.request import UserRequest
+from tests.plan.test_perf_analyzer import dump_pool
 
 LIMITS = Limits(max_history=256)
 
 
-def pool(users: int = 12, repeats: int = 2) -> list[DumpedUser]:
-    """`users` store users, each dumped `repeats` times (as several dump batches hold one user)."""
-    rng = np.random.default_rng(5)
-    out = []
-    for r in range(repeats):
-        for u in range(users):
-            history = int(rng.integers(20, 200))
-            request = UserRequest(100 + u, (1, 2, 3, 4, 5), rng.integers(1, 10**6, history),
-                                  rng.integers(0, 256, history), rng.integers(1, 10**6, 4))
-            out.append(DumpedUser(request, None, f"batch {r} user {u}"))
-    return out
-
-
 def source_pair(users: int = 12, repeats: int = 2):
-    p = pool(users, repeats)
+    p = dump_pool(users, repeats)
     dealer, held = Dealer(range(len(p)), identities=pool_identities(p)), {}
     return [DumpSource(p, dealer, held, KeyAllocator(0, i, nonce=3), LIMITS) for i in range(2)]
 

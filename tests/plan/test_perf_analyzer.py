@@ -29,14 +29,16 @@ def only_the_plan_group(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli, "COMMAND_GROUPS", {"plan": "hstu_replay.plan.cli"})
 
 
-def dump_pool(users: int = 10) -> list[DumpedUser]:
+def dump_pool(users: int = 10, repeats: int = 1) -> list[DumpedUser]:
+    """`users` store users, each dumped `repeats` times (as several dump batches may hold one user)."""
     rng = np.random.default_rng(3)
     pool = []
-    for u in range(users):
-        history = int(rng.integers(20, 200))
-        request = UserRequest(500 + u, (1, 2, 3, 4, 5), rng.integers(1, 10**6, history),
-                              rng.integers(0, 256, history), rng.integers(1, 10**6, 8))
-        pool.append(DumpedUser(request, None, f"user {u}"))
+    for r in range(repeats):
+        for u in range(users):
+            history = int(rng.integers(20, 200))
+            request = UserRequest(500 + u, (1, 2, 3, 4, 5), rng.integers(1, 10**6, history),
+                                  rng.integers(0, 256, history), rng.integers(1, 10**6, 8))
+            pool.append(DumpedUser(request, None, f"batch {r} user {u}"))
     return pool
 
 

@@ -4,9 +4,10 @@ from hstu_replay.errors import ConfigError
 from hstu_replay.report.thresholds import Thresholds, evaluate, parse_thresholds, verdict
 
 
-def _bin(batch, ratio, p99=10.0, speedup=None, requests=100, failures=0):
-    return {"name": f"b{batch}_h{ratio:.2f}", "batch_size": batch, "target_ratio": ratio,
-            "p99_ms": p99, "speedup": speedup, "requests": requests, "failures": failures}
+def _bin(batch, ratio, p99=10.0, speedup=None, requests=100, failures=0, mismatches=0):
+    """`failures` requests got no answer; `mismatches` of the answered `requests` were wrong."""
+    return {"name": f"b{batch}_h{ratio:.2f}", "batch_size": batch, "target_ratio": ratio, "p99_ms": p99,
+            "speedup": speedup, "requests": requests, "errors": failures, "failures": failures + mismatches}
 
 
 def _report(bins, mismatches=0):
@@ -79,6 +80,12 @@ def test_error_ratio_over_all_bins():
     assert evaluate(_report(bins), parse_thresholds(max_error_ratio="0.05")) == []
     assert evaluate(_report([]), parse_thresholds(max_error_ratio="0.05")) == [
         "no measured requests for --max-error-ratio"]
+
+
+def test_wrong_answers_count_as_failures():
+    # 4 of 100 answered requests were wrong, none unanswered: 4 / 100, not 4 / 104
+    bins = [_bin(1, 0.0, requests=100, mismatches=4)]
+    assert evaluate(_report(bins), parse_thresholds(max_error_ratio="0.03")) == ["error ratio 0.040 > 0.03"]
 
 
 def test_p99_all_bins_and_specific_ratio_overrides():

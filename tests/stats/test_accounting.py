@@ -1,0 +1,71 @@
+"""The accountant files each sent request under its stage, with hand-worked figures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hstu_replay.stats.accounting import Accountant, Outcome, Sent
+from hstu_replay.stats.run_stats import BinKey, RunStats
+from hstu_replay.verify import Verdict
+
+STAGE = BinKey(2, 0.5)
+
+
+class _Request:
+    """The three fields of RequestTensors the accountant reads."""
+
+    def __init__(self, totals):
+        self.total_history_lengths = np.array(totals, dtype=np.int64)
+        self.user_ids = np.arange(len(totals), dtype=np.int64) + 100
+        self.batch_size = len(totals)
+
+
+def send(acc, kind, totals, predicted, outcome, expected=None):
+    acc.file(Sent(kind, STAGE, _Request(totals), expected or (0,) * len(totals), predicted, outcome, "x", 0))
+
+
+class _Records(list):
+    def write(self, record):
+        self.append(record)
+
+
+def test_primes_measured_and_wrong_answers_land_in_the_stage():
+    stats, records = RunStats(), _Records()
+    acc = Accountant(stats, records, worker_index=1)
+    send(acc, "prime", (50, 30), (0, 0), Outcome(0.01))
+    send(acc, "measure", (100, 60), (50, 30), Outcome(0.02), expected=(50, 30))
+    send(acc, "measure", (100, 60), (100, 60), Outcome(0.02, cached_tokens=np.array([100, 40])))
+    bad = Outcome(0.03, verdict=Verdict(False, 1.0, 0), mismatch="mismatch in x")
+    send(acc, "measure", (200, 60), (0, 0), bad)
+    send(acc, "measure", (200, 60), (0, 0), Outcome(0.03, error="timeout"))
+    send(acc, "warmup", (10, 10), (0, 0), Outcome(0.01))
+    b = stats.bins[STAGE]
+    assert (b.prime_requests, b.prime_tokens) == (1, 80)
+    assert (b.requests, b.errors, b.mismatches, b.failures) == (3, 1, 1, 2)  # a wrong answer fails
+    assert b.history_tokens == 160 + 160 + 260
+    # computed: 160-80 (predicted) + 160-140 (observed wins) + 260
+    assert b.computed_tokens == 80 + 20 + 260
+    assert (b.observed_hits, b.observed_tokens, b.hit_disagreements, b.hits_lost) == (140, 160, 1, 1)
+    assert b.hit_source == "predicted"  # not every measured request carried a server report
+    assert stats.warmup_requests == 1
+    assert stats.errors == {"mismatch in x": 1, "timeout": 1}
+    assert [r["kind"] for r in records] == ["prime", "measure", "measure", "measure", "measure", "warmup"]
+    assert records[1]["keys"] == [100, 101] and records[1]["worker"] == 1
+    assert records[3]["mismatch"] is True
+
+
+def test_a_failed_prime_is_counted_with_its_reason():
+    stats = RunStats()
+    send(Accountant(stats, None, 0), "prime", (50,), (0,), Outcome(0.01, error="unavailable"))
+    assert stats.bins[STAGE].prime_failures == 1 and stats.bins[STAGE].prime_tokens == 0
+    assert stats.errors == {"prime: unavailable": 1}
+
+
+@pytest.mark.parametrize("reports", [True, False])
+def test_the_achieved_ratio_names_its_source(reports):
+    stats = RunStats()
+    cached = np.array([30]) if reports else None
+    send(Accountant(stats, None, 0), "measure", (100,), (50,), Outcome(0.01, cached_tokens=cached))
+    b = stats.bins[STAGE]
+    assert (b.hit_source, b.achieved_ratio) == (("observed", 0.3) if reports else ("predicted", 0.5))
