@@ -5,9 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from hstu_replay.errors import HstuReplayError
 from hstu_replay.report.summary import build_report, format_table, latency_table, off_target_stages, ratio_tolerance
-from hstu_replay.report.thresholds import evaluate, parse_thresholds, verdict
+from hstu_replay.report.thresholds import evaluate, verdict
 from hstu_replay.report.writers import write_reports
 
 THRESHOLD_EXIT_CODE = 3
@@ -39,15 +38,8 @@ def current_report(environment) -> dict:
 def write_final_report(environment, final: bool = False) -> dict:
     c = environment.hstu.run.config
     report = current_report(environment)
-    try:
-        thresholds = parse_thresholds(
-            None if c.max_mismatches < 0 else c.max_mismatches,
-            None if c.max_error_ratio < 0 else c.max_error_ratio, c.max_p99_ms, c.min_speedup,
-        )
-    except HstuReplayError as exc:
-        report["thresholds"] = verdict([str(exc)])
-    else:
-        report["thresholds"] = None if thresholds.empty else verdict(evaluate(report, thresholds))
+    thresholds = c.thresholds()  # validated before the run
+    report["thresholds"] = None if thresholds.empty else verdict(evaluate(report, thresholds))
     paths = write_reports(report, Path(c.report_dir))
     if final:
         print(format_table(latency_table(report)), flush=True)

@@ -108,6 +108,7 @@ def _test_start(environment, **_):
     if isinstance(runner, WorkerRunner):
         runtime.worker_index = runner.worker_index
         runtime.worker_count = int(getattr(options, "hstu_worker_count", 1))
+    runtime.drop_run()  # a rerun from the web UI starts clean, also when it fails to prepare
     try:
         config = LoadTestConfig.from_options(options)
         binding = runtime.binding if config == runtime.config else None

@@ -96,7 +96,15 @@ class LoadTestConfig:
         if self.candidates < 1:
             raise ConfigError(f"--candidates {self.candidates}: at least 1")
         self.client_options()  # checks protocol and url
+        self.thresholds()  # a malformed threshold is found before the sweep, not after it
         return self
+
+    def thresholds(self):
+        from hstu_replay.report.thresholds import parse_thresholds
+
+        return parse_thresholds(None if self.max_mismatches < 0 else self.max_mismatches,
+                                None if self.max_error_ratio < 0 else self.max_error_ratio,
+                                self.max_p99_ms, self.min_speedup)
 
     @classmethod
     def from_options(cls, parsed) -> LoadTestConfig:

@@ -90,9 +90,13 @@ class LoadTestRuntime:
     def placement(self) -> Placement:
         return Placement(self.role, self.worker_index, self.worker_count)
 
-    def begin(self, prepared: PreparedRun) -> ActiveRun:
+    def drop_run(self) -> None:
         if self.run is not None:
             self.run.close()
+            self.run = None
+
+    def begin(self, prepared: PreparedRun) -> ActiveRun:
+        self.drop_run()
         self.config, self.binding = prepared.config, prepared.binding
         self.run = ActiveRun(prepared)
         return self.run

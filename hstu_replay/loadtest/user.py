@@ -31,7 +31,9 @@ class HstuUser(User):
     wait_time = constant(0)
 
     def on_start(self):
-        self.run: ActiveRun = self.environment.hstu.run
+        self.run: ActiveRun | None = self.environment.hstu.run
+        if self.run is None:  # the run failed to prepare and is being stopped: send nothing
+            return
         self.index = self.run.new_user_index()
         self.client = self.run.open_client()
         self.source = self.run.source_for(self.index)
@@ -48,12 +50,13 @@ class HstuUser(User):
         return ArrivalClock(config.arrival, config.request_rate / max(users, 1), self.run.clock.started_at, self.rng)
 
     def on_stop(self):
-        self.client.close()
+        if hasattr(self, "client"):
+            self.client.close()
 
     @task
     def replay(self):
         run = self.run
-        if not run.clock.started or run.clock.over():
+        if run is None or not run.clock.started or run.clock.over():
             gevent.sleep(IDLE_S)
             return
         intended = None

@@ -128,7 +128,8 @@ def _open(flag: str, path: str, opener: Callable):
     try:
         return opener(path)
     except HstuReplayError as exc:
-        raise ConfigError(f"{flag} {path}: {exc}") from None
+        reason = str(exc).removeprefix(f"{path}: ")
+        raise ConfigError(f"{flag} {path}: {reason}") from None
 
 
 #: --workload name -> its class

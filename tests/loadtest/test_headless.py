@@ -146,6 +146,22 @@ def test_bad_option_is_one_line(tmp_path):
     np.testing.assert_equal(len([l for l in result.stderr.splitlines() if "error" in l]), 1)
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--max-p99-ms", "fast"], "--max-p99-ms"),
+    (["--workload", "sessions", "--store", "/nonexistent/store"], "--store /nonexistent/store"),
+    (["--workload", "dumps", "--dump-dir", "/nonexistent/dumps"], "--dump-dir /nonexistent/dumps"),
+    (["--workload", "dumps", "--batch-sizes", "8", "--max-values", "3000"], "the 8 largest dumped users"),
+])
+def test_bad_input_is_refused_before_any_load(triton_server, reference_dumps, tmp_path, args, message):
+    result = run_locust(tmp_path, "-u", "2", "-r", "2", "--triton-url", triton_server.grpc_url,
+                        "--dump-dir", str(reference_dumps), "--max-history", "256", *args, timeout=60)
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and message in errors[0], errors
+    assert not list(tmp_path.glob("records-*.jsonl")) or all(
+        not p.read_text() for p in tmp_path.glob("records-*.jsonl"))  # nothing was sent
+
+
 def test_users_still_spawning_are_never_measured(triton_server, reference_dumps, tmp_path):
     # -r 1: the fourth user starts 3 s after the first; the sweep waits for it.
     result = run_locust(

@@ -93,6 +93,7 @@ def test_one_process(oracle_servers, data, tmp_path, arrival, workload, cached_t
     assert result.returncode == 0, result.stderr[-3000:]
     rows = check_truth(result.report, read_records(tmp_path), seen_since(oracle, start),
                        "observed" if cached_tokens else "predicted")
+    print(f"\n== truth: one process, {arrival}, {workload}, CACHED_TOKENS {'on' if cached_tokens else 'off'}")
     print("\n".join(rows))
 
 
@@ -109,12 +110,13 @@ def test_master_and_two_workers(oracle_servers, data, tmp_path, workload, arriva
     records = read_records(report_dir)
     assert {r["worker"] for r in records} == {0, 1}
     rows = check_truth(report, records, seen_since(oracle, start), "observed" if cached_tokens else "predicted")
+    print(f"\n== truth: master + 2 workers, {arrival}, {workload}, CACHED_TOKENS {'on' if cached_tokens else 'off'}")
     print("\n".join(rows))
 
 
 def test_the_capacity_model_agrees_with_an_independent_lru(oracle_servers, data, tmp_path):
     """Under a cache budget the client's model must predict the evictions an independent LRU makes."""
-    budget = 40 * PAGE_TOKENS * 8
+    budget = 48 * PAGE_TOKENS  # below the working set at batch 8 (2 users x 8 keys)
     oracle = oracle_servers(cached_tokens=False, budget_tokens=budget)
     start = len(oracle.records())
     result = run_locust(tmp_path, "-u", "2", "-r", "2", *sweep_args(oracle, "sessions", data, "closed"),
@@ -125,5 +127,7 @@ def test_the_capacity_model_agrees_with_an_independent_lru(oracle_servers, data,
     for stage in result.report["stages"]:
         hits, tokens = view[stage["name"]]
         assert abs(stage["achieved_ratio"] - hits / tokens) <= 0.005, (stage, hits / tokens)
-        evicting += stage["target_ratio"] - hits / tokens > 0.05
+        evicting += stage["target_ratio"] - hits / tokens > 0.01
+        print(f"{stage['name']}: target {stage['target_ratio']:g} reported {stage['achieved_ratio']:.4f} "
+              f"oracle {hits / tokens:.4f} (LRU budget {budget} tokens)")
     assert evicting  # the budget was small enough to matter
