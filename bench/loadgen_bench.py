@@ -253,6 +253,9 @@ class FullLengthSource:
         return PlannedStep(request=build_request(batch, self.limits), expected_hits=(0,) * len(batch),
                            label="full-length", target_ratio=target)
 
+    def settle(self, step: PlannedStep, ok: bool) -> None:
+        """Every key is fresh and used once: nothing to keep."""
+
 
 def full_length_users(store, count: int) -> list[UserRequest]:
     """`count` full-length users with distinct cache keys."""
@@ -410,25 +413,24 @@ def _where(func: tuple[str, int, str]) -> str:
 def planning_costs(store, steps: int = 300) -> list[list]:
     """CPU per step of the workload sources (plan + build_request), no server: what a Locust
     user spends per request before the client is called."""
-    import random
-
+    from hstu_replay.plan.dealer import Dealer
     from hstu_replay.plan.keys import KeyAllocator
-    from hstu_replay.plan.sessions import SessionSource
+    from hstu_replay.plan.sessions import SessionSource, usable_users
 
-    order = list(range(len(store)))
-    random.Random(0).shuffle(order)  # as loadtest.user does with --replay-seed 0
+    dealer = Dealer(usable_users(store, CANDIDATES), seed=0)  # as a Locust process does with --replay-seed 0
     rows = []
     for name, ratio, source in (
-        ("SessionSource, h=1.0", 1.0, SessionSource(store, order, KeyAllocator(0, 0), CANDIDATES, LIMITS)),
-        ("SessionSource, h=0.5", 0.5, SessionSource(store, order, KeyAllocator(0, 1), CANDIDATES, LIMITS)),
-        ("SessionSource, h=0", 0.0, SessionSource(store, order, KeyAllocator(0, 2), CANDIDATES, LIMITS)),
+        ("SessionSource, h=1.0", 1.0, SessionSource(store, dealer, KeyAllocator(0, 0), CANDIDATES, LIMITS)),
+        ("SessionSource, h=0.5", 0.5, SessionSource(store, dealer, KeyAllocator(0, 1), CANDIDATES, LIMITS)),
+        ("SessionSource, h=0", 0.0, SessionSource(store, dealer, KeyAllocator(0, 2), CANDIDATES, LIMITS)),
         ("FullLengthSource (bench)", 0.0, FullLengthSource(store, KeyAllocator(0, 3), CANDIDATES, LIMITS)),
     ):
         for _ in range(20):
-            source.next_step(ratio, BATCH)
+            source.settle(source.next_step(ratio, BATCH), True)
         sizes, start = [], time.process_time()
         for _ in range(steps):
             step = source.next_step(ratio, BATCH)
+            source.settle(step, True)
             sizes.append(len(step.request.values) + (len(step.prime.values) if step.prime is not None else 0))
         cpu_ms = (time.process_time() - start) / steps * 1e3
         rows.append([name, steps, float(np.mean(sizes)), cpu_ms])

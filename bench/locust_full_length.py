@@ -2,7 +2,7 @@
 
 Session replay cannot hold requests at 8 x (4096 history + 100 candidates): its lengths follow
 the users' visits. This keeps all of hstu.py (options, HstuUser, accounting, records, reports)
-and only swaps the `sessions` source for loadgen_bench.FullLengthSource (run with --hit-ratios 0).
+and only swaps the `sessions` workload's source for loadgen_bench.FullLengthSource (run with --hit-ratios 0).
 """
 
 import sys
@@ -17,14 +17,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen_bench import FullLengthSource  # noqa: E402
 
 from hstu_replay.loadtest import hooks  # noqa: E402,F401 - registers the options and listeners
-from hstu_replay.loadtest import user as user_module  # noqa: E402
 from hstu_replay.loadtest.shape import SweepShape  # noqa: E402,F401
 from hstu_replay.loadtest.user import HstuUser  # noqa: E402,F401
+from hstu_replay.plan import workloads  # noqa: E402
 
 
-def _full_length(runtime, index: int) -> FullLengthSource:
-    config = runtime.config
-    return FullLengthSource(runtime.store, runtime.keys_for(index), config.candidates, config.limits)
+class FullLengthWorkload(workloads.SessionWorkload):
+    """The sessions workload's store and checks, with full-length steps."""
+
+    def source(self, keys) -> FullLengthSource:
+        o = self.options
+        return FullLengthSource(self.store, keys, o.candidates, o.limits)
 
 
-user_module.SOURCES["sessions"] = _full_length
+workloads.WORKLOADS["sessions"] = FullLengthWorkload

@@ -150,12 +150,14 @@ def full_length_requests(count: int, seed: int) -> list[RequestTensors]:
 
 
 def dump_requests(dump_dir: Path, count: int) -> list[RequestTensors]:
-    from hstu_replay.dumps.reader import read_dump
-    from hstu_replay.plan.dumps import DumpSource, dumped_users
     from hstu_replay.plan.keys import KeyAllocator
+    from hstu_replay.plan.workloads import DumpWorkload, WorkloadOptions
 
-    source = DumpSource(dumped_users(read_dump(dump_dir)), KeyAllocator(0, 0), Limits(max_history=256))
-    return [source.next_step(0.0, 8).request for _ in range(count)]
+    source = DumpWorkload(WorkloadOptions(str(dump_dir), 16, Limits(max_history=256))).source(KeyAllocator(0, 0))
+    steps = [source.next_step(0.0, 8) for _ in range(count)]
+    for step in steps:
+        source.settle(step, True)
+    return [step.request for step in steps]
 
 
 # -- the two clients ----------------------------------------------------------------------------

@@ -83,6 +83,10 @@ class HstuUser(User):
             if intended is not None:
                 gevent.sleep(min(max(intended - time.monotonic(), 0.0), run.prepared.schedule.duration_s))
             ok = self._send(kind, step, step.request, position, intended)
+        else:  # without its prime the request cannot be what the stage measures: it fails with it
+            outcome = Outcome(0.0, error="not sent: its priming request failed")
+            run.accountant.file(Sent(kind, position.stage.key, step.request, step.expected_hits,
+                                     (0,) * step.request.batch_size, outcome, step.label, self.index))
         self.source.settle(step, ok)
 
     def _send(self, kind: str, step: PlannedStep, request: RequestTensors, position: StagePosition,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from hstu_replay.errors import ConfigError
+from hstu_replay.errors import ConfigError, PlanError
 from hstu_replay.interface import NOCACHE, Limits, history_tokens
 from hstu_replay.plan.dealer import Dealer
 from hstu_replay.plan.keys import KeyAllocator
@@ -71,8 +71,13 @@ class DumpSource:
 
     def next_step(self, target: float, batch_size: int) -> PlannedStep:
         chosen: list[int] = []
-        for _ in range(batch_size):
-            chosen.append(self.dealer.take(exclude={self.dealer.identity(i) for i in chosen}))
+        try:
+            for _ in range(batch_size):
+                chosen.append(self.dealer.take(exclude={self.dealer.identity(i) for i in chosen}))
+        except PlanError:
+            for i in chosen:
+                self.dealer.release(i)
+            raise
         users, primes, hits, handles = [], [], [], []
         for i in chosen:
             user = self.pool[i].request

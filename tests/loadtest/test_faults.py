@@ -47,8 +47,12 @@ def test_server_killed_and_restarted_mid_run(compiled_repository, sample_store, 
     assert b["failures"] > 0 and b["requests"] > 0  # failures counted, and the run went on
     assert any("unavailable" in r.lower() or "connect" in r.lower() or "socket" in r.lower()
                for r in report["errors"]), report["errors"]
-    assert sum(s["hits_lost"] for s in report["stages"]) > 0  # the loss of the cache is detected ...
-    assert "found less cached than predicted" in err  # ... and reported
+    # Every key whose request failed is dropped from the cache model and replaced by a fresh one,
+    # so nothing measured after the restart is predicted from the lost cache: the server's own
+    # count (CACHED_TOKENS) agrees with the model on every measured request.
+    (stage,) = report["stages"]
+    assert stage["hits_lost"] == 0 and stage["hit_disagreements"] == 0, stage
+    assert abs(stage["achieved_ratio"] - 0.9) <= 0.02, stage
     assert run.returncode == 1  # failures without thresholds: Locust's error exit code, no crash
     assert "Traceback" not in err
 

@@ -147,7 +147,7 @@ def test_bad_option_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--max-p99-ms", "fast"], "--max-p99-ms"),
+    (["--workload", "dumps", "--max-p99-ms", "fast"], "--max-p99-ms"),
     (["--workload", "sessions", "--store", "/nonexistent/store"], "--store /nonexistent/store"),
     (["--workload", "dumps", "--dump-dir", "/nonexistent/dumps"], "--dump-dir /nonexistent/dumps"),
     (["--workload", "dumps", "--batch-sizes", "8", "--max-values", "3000"], "the 8 largest dumped users"),
