@@ -256,6 +256,9 @@ class FullLengthSource:
     def settle(self, step: PlannedStep, ok: bool) -> None:
         """Every key is fresh and used once: nothing to keep."""
 
+    def reset(self) -> None:
+        """Nothing is kept."""
+
 
 def full_length_users(store, count: int) -> list[UserRequest]:
     """`count` full-length users with distinct cache keys."""

@@ -38,3 +38,7 @@ class ServerError(HstuReplayError):
     """The server could not be reached, started or used."""
 
     exit_code = 2
+
+
+class ServerUnavailable(ServerError):
+    """The server did not take the request at all (connection refused, gRPC UNAVAILABLE)."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hstu_replay.errors import ConfigError, InterfaceMismatch, ServerError
+from hstu_replay.errors import ConfigError, InterfaceMismatch, ServerError, ServerUnavailable
 from hstu_replay.interface import INTERFACES, NUM_TASKS, ModelInterface, TensorSpec
 from hstu_replay.request import RequestTensors
 
@@ -126,7 +126,7 @@ class TritonClient:
             else:
                 result = self._client.infer(self.options.model, inputs, outputs=outputs, headers=self._headers)
         except Exception as exc:
-            raise ServerError(_one_line(exc)) from None
+            raise (ServerUnavailable if _unavailable(exc) else ServerError)(_one_line(exc)) from None
         logits = _output(result, interface.logits_output, (tensors.num_logits, NUM_TASKS))
         cached = _output(result, CACHED_TOKENS_OUTPUT, (tensors.batch_size,)) if binding.reports_hits else None
         return InferResponse(logits, cached)
@@ -148,6 +148,18 @@ class TritonClient:
 
     def _as_json(self) -> dict:
         return {"as_json": True} if self.options.protocol == "grpc" else {}
+
+
+def _unavailable(exc: Exception) -> bool:
+    """Whether the server was not there to take the request (gRPC UNAVAILABLE; a refused or
+    reset HTTP connection; a server up again whose model is not loaded yet: the model was found
+    before the run started), as opposed to a request it took and failed or timed out."""
+    if isinstance(exc, (ConnectionRefusedError, ConnectionResetError, BrokenPipeError)):
+        return True
+    status = getattr(exc, "status", None)
+    if callable(status) and str(status()) in ("StatusCode.UNAVAILABLE", "StatusCode.NOT_FOUND"):
+        return True
+    return "unknown model" in str(exc)
 
 
 def _output(result, name: str, shape: tuple[int, ...]) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from hstu_replay.report.summary import build_report, format_table, latency_table, off_target_stages, ratio_tolerance
+from hstu_replay.report.summary import build_report, flagged_stages, format_table, latency_table
 from hstu_replay.report.thresholds import evaluate, verdict
 from hstu_replay.report.writers import write_reports
 
@@ -32,7 +32,7 @@ def current_report(environment) -> dict:
     run = environment.hstu.run
     c = run.config
     return build_report(run.stats, run_metadata(environment), run.server_stages, c.tolerance,
-                        requested_rps=c.request_rate if c.arrival != "closed" else None)
+                        requested_rps=c.request_rate if c.arrival != "closed" else None, rules=c.stage_rules())
 
 
 def write_final_report(environment, final: bool = False) -> dict:
@@ -50,10 +50,9 @@ def write_final_report(environment, final: bool = False) -> dict:
         if lost:
             print(f"hstu-replay: warning: {lost} requests found less cached than predicted "
                   "(server restarted, cache emptied or evicted beyond the capacity model)", file=sys.stderr, flush=True)
-        for stage in off_target_stages(report):
-            print(f"hstu-replay: warning: stage {stage['name']} achieved hit ratio {stage['achieved_ratio']:.3f} "
-                  f"({stage['hit_source']}), more than {ratio_tolerance(stage, c.cache_page_tokens):.3f} from its "
-                  f"target {stage['target_ratio']:g}", file=sys.stderr, flush=True)
+        for stage in flagged_stages(report):
+            reasons = "; ".join(f"{f['flag']}: {f['reason']}" for f in stage["flags"])
+            print(f"hstu-replay: warning: stage {stage['name']} is not solid ({reasons})", file=sys.stderr, flush=True)
         if not report["run"]["reports_hits"] and report["run"]["caches"]:
             print("hstu-replay: note: the server does not report its cache hits; achieved hit ratios are the "
                   "client's cache model (predicted)", file=sys.stderr, flush=True)

@@ -15,7 +15,7 @@ from locust import events
 from locust.runners import MasterRunner, WorkerRunner
 
 from hstu_replay.errors import HstuReplayError
-from hstu_replay.loadtest import server_stats, webui
+from hstu_replay.loadtest import monitor, server_stats, webui
 from hstu_replay.loadtest.options import LoadTestConfig, register_arguments
 from hstu_replay.loadtest.prepare import connect, prepare
 from hstu_replay.loadtest.runtime import LoadTestRuntime
@@ -122,6 +122,8 @@ def _test_start(environment, **_):
     for batch, cap in prepared.history_caps().items():
         print(f"hstu-replay: batch {batch}: histories capped at {cap} items so that {batch} users fit "
               f"--max-values {config.max_values}", file=sys.stderr, flush=True)
+    if runtime.role != "master":
+        monitor.watch_client(run)
     if runtime.role != "worker":
         server_stats.watch(environment, run)
 

@@ -52,6 +52,9 @@ class LoadTestConfig:
     max_p99_ms: str = _opt("--max-p99-ms", "", "Fail if p99 exceeds: '250' or 'ratio:ms,...'")
     min_speedup: str = _opt("--min-speedup", "", "Fail if speed-up over 0% is below: 'ratio:x,...'")
     seed: int = _opt("--replay-seed", 0, "Seed of the user order")
+    min_stage_requests: int = _opt("--min-stage-requests", 30, "A stage with fewer measured requests is flagged thin")
+    max_loop_lag_ms: float = _opt("--max-loop-lag-ms", 50.0,
+                                  "A stage whose client event loop ran later than this (p99) is flagged client-bound")
 
     # -- derived ----------------------------------------------------------------------
 
@@ -93,11 +96,21 @@ class LoadTestConfig:
             raise ConfigError("--stage-seconds must be > 0 and --warmup-seconds >= 0")
         if not 0.0 <= self.verify_fraction <= 1.0:
             raise ConfigError(f"--verify-fraction {self.verify_fraction}: use 0..1")
-        if self.candidates < 1:
-            raise ConfigError(f"--candidates {self.candidates}: at least 1")
+        if not 1 <= self.candidates <= self.limits.max_candidates:
+            raise ConfigError(f"--candidates {self.candidates}: use 1..{self.limits.max_candidates} "
+                              "(the published model's limit)")
+        if self.max_history < 1 or self.max_values < 1:
+            raise ConfigError(f"--max-history {self.max_history} / --max-values {self.max_values}: at least 1")
+        if self.min_stage_requests < 1 or self.max_loop_lag_ms <= 0:
+            raise ConfigError("--min-stage-requests must be >= 1 and --max-loop-lag-ms > 0")
         self.client_options()  # checks protocol and url
         self.thresholds()  # a malformed threshold is found before the sweep, not after it
         return self
+
+    def stage_rules(self):
+        from hstu_replay.report.flags import StageRules
+
+        return StageRules(self.min_stage_requests, self.cache_page_tokens, loop_lag_bound_ms=self.max_loop_lag_ms)
 
     def thresholds(self):
         from hstu_replay.report.thresholds import parse_thresholds

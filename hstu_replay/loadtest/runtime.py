@@ -21,6 +21,7 @@ from hstu_replay.plan.cache_model import CacheModel
 from hstu_replay.plan.keys import KeyAllocator
 from hstu_replay.plan.workloads import StepSource
 from hstu_replay.stats.accounting import Accountant
+from hstu_replay.stats.availability import Availability
 from hstu_replay.stats.run_stats import RunStats
 
 
@@ -41,6 +42,7 @@ class ActiveRun:
         if placement.role != "master":
             self.records = RecordWriter(Path(self.config.report_dir), f"{placement.role}{placement.worker_index}")
         self.accountant = Accountant(self.stats, self.records, placement.worker_index)
+        self.availability = Availability(self.stats, self.say)
         self._users = itertools.count()
         self._clients: list = []
         self._said: set[str] = set()
@@ -63,11 +65,14 @@ class ActiveRun:
         self._clients.append(client)
         return client
 
+    def say(self, message: str) -> None:
+        print(f"hstu-replay: {message}", file=sys.stderr, flush=True)
+
     def say_once(self, message: str) -> None:
         """A warning on stderr the first time it occurs (planning errors repeat per request)."""
         if message not in self._said and len(self._said) < 100:
             self._said.add(message)
-            print(f"hstu-replay: warning: {message}", file=sys.stderr, flush=True)
+            self.say(f"warning: {message}")
 
     def close(self) -> None:
         self.ended = True

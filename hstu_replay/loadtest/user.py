@@ -8,7 +8,7 @@ import time
 import gevent
 from locust import User, constant, task
 
-from hstu_replay.errors import HstuReplayError
+from hstu_replay.errors import HstuReplayError, ServerUnavailable
 from hstu_replay.loadtest.runtime import ActiveRun
 from hstu_replay.loadtest.schedule import StagePosition
 from hstu_replay.plan.arrivals import ArrivalClock
@@ -19,6 +19,7 @@ from hstu_replay.verify import compare
 
 IDLE_S = 0.05  # before the sweep starts (users still spawning) and after it ends
 PLAN_BACKOFF_S = 1.0  # after a step that could not be planned
+BACKOFF_S = (0.05, 1.0)  # while the server refuses requests: first wait, doubling up to the last
 
 
 class MismatchError(Exception):
@@ -39,6 +40,8 @@ class HstuUser(User):
         self.source = self.run.source_for(self.index)
         self.rng = random.Random(self.run.config.seed * 7919 + self.index)
         self.arrivals: ArrivalClock | None = None
+        self.epoch = self.run.availability.epoch  # of the server's cache, as this user planned for it
+        self.backoff = 0.0
 
     def _arrival_clock(self) -> ArrivalClock | None:
         """Open loop: this user's share of the rate, from the sweep's start."""
@@ -67,6 +70,9 @@ class HstuUser(User):
         if position is None:
             gevent.sleep(IDLE_S)
             return
+        if self.epoch != run.availability.epoch:  # the server came back empty: plan afresh
+            self.source.reset()
+            self.epoch = run.availability.epoch
         key = position.stage.key
         try:
             step = self.source.next_step(key.target_ratio if run.prepared.caches else 0.0, key.batch_size)
@@ -75,23 +81,28 @@ class HstuUser(User):
             run.say_once(f"a step could not be planned: {exc}")
             gevent.sleep(PLAN_BACKOFF_S)
             return
-        ok = True
         kind = "warmup" if position.warming_up else "measure"
+        outcome = None
         if step.prime is not None and run.prepared.caches:  # sent before the intended time: not charged
-            ok = self._send("warmup" if position.warming_up else "prime", step, step.prime, position, prime=True)
-        if ok:
+            outcome = self._send("warmup" if position.warming_up else "prime", step, step.prime, position, prime=True)
+        if outcome is None or outcome.ok:
             if intended is not None:
                 gevent.sleep(min(max(intended - time.monotonic(), 0.0), run.prepared.schedule.duration_s))
-            ok = self._send(kind, step, step.request, position, intended)
+            outcome = self._send(kind, step, step.request, position, intended)
         else:  # without its prime the request cannot be what the stage measures: it fails with it
-            outcome = Outcome(0.0, error="not sent: its priming request failed")
             run.accountant.file(Sent(kind, position.stage.key, step.request, step.expected_hits,
-                                     (0,) * step.request.batch_size, outcome, step.label, self.index))
-        self.source.settle(step, ok)
+                                     (0,) * step.request.batch_size,
+                                     Outcome(0.0, error="not sent: its priming request failed"), step.label, self.index))
+        self.source.settle(step, outcome.ok)
+        if outcome.refused:  # the server is away: back off instead of a storm of failures
+            self.backoff = min(max(self.backoff * 2, BACKOFF_S[0]), BACKOFF_S[1])
+            gevent.sleep(self.backoff)
+        else:
+            self.backoff = 0.0
 
     def _send(self, kind: str, step: PlannedStep, request: RequestTensors, position: StagePosition,
-              intended: float | None = None, prime: bool = False) -> bool:
-        """Send one request and file it; False when the server's cache state is now unknown."""
+              intended: float | None = None, prime: bool = False) -> Outcome:
+        """Send one request and file it; a failed one leaves its keys' server state unknown."""
         run = self.run
         caches = run.prepared.caches
         predicted = run.cache.predict(request) if caches else (0,) * request.batch_size
@@ -100,9 +111,16 @@ class HstuUser(User):
             response = self.client.infer(request)
             outcome = Outcome(time.monotonic() - start, response.logits, response.cached_tokens)
         except HstuReplayError as exc:
-            outcome = Outcome(time.monotonic() - start, error=str(exc))
+            outcome = Outcome(time.monotonic() - start, error=str(exc), refused=isinstance(exc, ServerUnavailable))
             if caches:
                 run.cache.forget(request)
+        if outcome.refused:
+            run.availability.refused(position.stage.key)
+        elif run.availability.answered():
+            run.cache.clear()
+        label = step.label + " (prime)" if prime else step.label
+        if kind == "measure" and self.epoch != run.availability.epoch:  # its plan assumed the lost cache
+            kind, label = "warmup", label + " (planned before the server restarted)"
         if intended is not None:
             outcome.lag_s = max(start - intended, 0.0)
         exception = RuntimeError(outcome.error) if outcome.error else None
@@ -116,14 +134,13 @@ class HstuUser(User):
                                         f"> {run.config.tolerance} {v.reason}").rstrip()
                     exception = MismatchError(outcome.mismatch)
         hits = (0,) * request.batch_size if prime else step.expected_hits
-        label = step.label + " (prime)" if prime else step.label
         run.accountant.file(Sent(kind, position.stage.key, request, hits, predicted, outcome, label, self.index))
         self.environment.events.request.fire(
             request_type=run.config.triton_protocol, name=request_name(position, "prime" if prime else kind),
             response_time=outcome.latency_s * 1e3, response_length=0 if outcome.logits is None else outcome.logits.nbytes,
             exception=exception, context={"label": step.label},
         )
-        return outcome.ok
+        return outcome
 
 
 def request_name(position: StagePosition, kind: str) -> str:

@@ -13,7 +13,7 @@ TAB_KEY = "hstu-hit-ratio"
 COLUMNS = [("bin", "Stage"), ("achieved", "Achieved hit ratio"), ("source", "Achieved from"),
            ("requests", "Requests"), ("primes", "Primes"), ("rps", "Req/s"), ("server_rps", "Server req/s"),
            ("mean", "Mean ms"), ("p50", "p50 ms"), ("p99", "p99 ms"), ("speedup", "Speed-up"),
-           ("mismatches", "Mismatches")]
+           ("mismatches", "Mismatches"), ("flags", "Flags")]
 
 
 def _rows(environment) -> list[dict]:
@@ -29,7 +29,7 @@ def _rows(environment) -> list[dict]:
                      "primes": b["prime_requests"], "rps": fmt(b["throughput_rps"], ".1f"),
                      "server_rps": fmt(b["server_rps"], ".1f"), "mean": fmt(b["mean_ms"]),
                      "p50": fmt(b["p50_ms"]), "p99": fmt(b["p99_ms"]), "speedup": fmt(b["speedup"]),
-                     "mismatches": b["mismatches"]})
+                     "mismatches": b["mismatches"], "flags": ", ".join(b["flags"]) or "ok"})
     return rows
 
 

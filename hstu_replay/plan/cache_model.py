@@ -19,3 +19,7 @@ class CacheModel:
     def forget(self, request: RequestTensors) -> None:
         for key in request.user_ids.tolist():
             self.ledger.forget(key)
+
+    def clear(self) -> None:
+        """The server lost its cache (it restarted): nothing is held any more."""
+        self.ledger.clear()

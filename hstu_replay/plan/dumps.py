@@ -107,6 +107,10 @@ class DumpSource:
             handles=tuple(handles),
         )
 
+    def reset(self) -> None:
+        """The server lost its cache: no dumped user's key holds anything any more."""
+        self.held.clear()
+
     def settle(self, step: PlannedStep, ok: bool) -> None:
         """Book the keys that now hold their user's full history; release the dumped users."""
         for i, key, tokens, owner in step.handles:

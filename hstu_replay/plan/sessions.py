@@ -76,6 +76,11 @@ class SessionSource:
             for slot in step.handles:
                 slot.key = None
 
+    def reset(self) -> None:
+        """The server lost its cache: every slot starts a fresh key at its next step."""
+        for slot in self._slots:
+            slot.key = None
+
     # -- one slot -----------------------------------------------------------------------
 
     def _available(self, user: int, cap: int) -> int:

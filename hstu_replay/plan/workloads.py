@@ -23,6 +23,8 @@ class StepSource(Protocol):
 
     def settle(self, step: PlannedStep, ok: bool) -> None: ...
 
+    def reset(self) -> None: ...
+
 
 @dataclass(frozen=True)
 class WorkloadOptions:

@@ -41,13 +41,15 @@ def _cell(value: Any) -> str:
     return NO_VALUE if value is None else str(value)
 
 
-def _table(header: Iterable[Any], rows: Iterable[Iterable[Any]], text_cols: int = 0) -> str:
-    """A table; the first `text_cols` columns are left-aligned text, the rest figures."""
+def _table(header: Iterable[Any], rows: Iterable[Iterable[Any]], text_cols: int = 0, text_last: bool = False) -> str:
+    """A table; the first `text_cols` columns (and the last, with `text_last`) are left-aligned
+    text, the rest figures."""
+    header = list(header)
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
     body = []
     for row in rows:
-        cells = [f'<td class="text">{_e(c)}</td>' if i < text_cols else f"<td>{_e(c)}</td>"
-                 for i, c in enumerate(row)]
+        cells = [f'<td class="text">{_e(c)}</td>' if i < text_cols or (text_last and i == len(header) - 1)
+                 else f"<td>{_e(c)}</td>" for i, c in enumerate(row)]
         body.append(f"<tr>{''.join(cells)}</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
@@ -80,14 +82,23 @@ SOURCE_LABEL = {"observed": "server-reported (observed)", "predicted": "client c
                 None: NO_VALUE}
 
 
+def _interval(pair: list) -> str:
+    low, high = (NO_VALUE if v is None else f"{v:.2f}" for v in pair)
+    return f"{low} .. {high}"
+
+
 def _stages(stages: list[dict]) -> str:
     header = ["stage", "batch", "target", "expected", "predicted", "observed", "achieved",
-              "achieved from", "hit disagreements", "requests"]
+              "achieved from", "hit disagreements", "requests", "p50 95% CI ms", "p99 95% CI ms",
+              "client CPU peak", "loop lag p99 ms", "flags"]
     rows = ([s["name"], s["batch_size"], f"{s['target_ratio']:g}",
              *(NO_VALUE if s[k] is None else f"{s[k]:.3f}"
                for k in ("expected_ratio", "predicted_ratio", "observed_ratio", "achieved_ratio")),
-             SOURCE_LABEL[s["hit_source"]], s["hit_disagreements"], s["requests"]] for s in stages)
-    return _table(header, rows, text_cols=1)
+             SOURCE_LABEL[s["hit_source"]], s["hit_disagreements"], s["requests"],
+             _interval(s["p50_ci_ms"]), _interval(s["p99_ci_ms"]), f"{s['client_cpu_peak']:.0%}",
+             NO_VALUE if s["loop_lag_p99_ms"] is None else f"{s['loop_lag_p99_ms']:.1f}",
+             "; ".join(f"{f['flag']}: {f['reason']}" for f in s["flags"]) or "ok"] for s in stages)
+    return _table(header, rows, text_cols=1, text_last=True)
 
 
 def _verification(report: dict) -> str:

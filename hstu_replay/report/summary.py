@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import hstu_replay
+from hstu_replay.report.flags import StageRules, stage_flags
 from hstu_replay.stats.run_stats import BinKey, BinStats, RunStats
 
 NO_VALUE = "-"  # how tables show a null figure
@@ -48,9 +49,10 @@ def _speedup(baseline_ms: float | None, mean_ms: float) -> float:
     return baseline_ms / mean_ms
 
 
-def _stage(key: BinKey, s: BinStats) -> dict:
+def _stage(key: BinKey, s: BinStats, rules: StageRules) -> dict:
     return {
         "name": key.name(),
+        "flags": stage_flags(key, s, rules),
         "batch_size": key.batch_size,
         "target_ratio": key.target_ratio,
         "achieved_ratio": s.achieved_ratio,
@@ -62,11 +64,18 @@ def _stage(key: BinKey, s: BinStats) -> dict:
         "hit_disagreements": s.hit_disagreements,
         "hits_lost": s.hits_lost,
         "requests": s.requests,
+        "p50_ci_ms": list(s.latency.percentile_interval_ms(50)),
+        "p99_ci_ms": list(s.latency.percentile_interval_ms(99)),
+        "client_cpu_mean": _ratio(s.client_cpu_s, s.client_wall_s),
+        "client_cpu_peak": s.client_cpu_peak,
+        "loop_lag_p99_ms": s.loop_lag.percentile_ms(99),
+        "loop_lag_max_ms": s.loop_lag.max_us / 1e3 if s.loop_lag.total else math.nan,
+        "server_down_s": s.server_down_s,
     }
 
 
 def _bin(key: BinKey, s: BinStats, baseline_ms: float | None, server: dict | None,
-         requested_rps: float | None) -> dict:
+         requested_rps: float | None, rules: StageRules) -> dict:
     h, c, lag = s.latency, s.corrected, s.lag
     duration = s.duration_s
     per_s = (lambda n: n / duration) if duration > 0 else (lambda n: math.nan)
@@ -109,6 +118,7 @@ def _bin(key: BinKey, s: BinStats, baseline_ms: float | None, server: dict | Non
         "verified": s.verified,
         "mismatches": s.mismatches,
         "server": server,
+        "flags": [f["flag"] for f in stage_flags(key, s, rules)],
     }
 
 
@@ -120,6 +130,7 @@ def build_report(
     *,
     created: datetime | None = None,
     requested_rps: float | None = None,
+    rules: StageRules = StageRules(),
 ) -> dict:
     """The report of a run; `server` maps bin names to the server's own figures for that bin.
 
@@ -137,8 +148,9 @@ def build_report(
         "version": hstu_replay.__version__,
         "created": when.isoformat(timespec="seconds"),
         "run": run,
-        "stages": [_stage(k, s) for k, s in items],
-        "bins": [_bin(k, s, baselines.get(k.batch_size), server.get(k.name()), requested_rps) for k, s in items],
+        "stages": [_stage(k, s, rules) for k, s in items],
+        "bins": [_bin(k, s, baselines.get(k.batch_size), server.get(k.name()), requested_rps, rules)
+                 for k, s in items],
         "verification": {
             "verified": sum(s.verified for _, s in items),
             "mismatches": sum(s.mismatches for _, s in items),
@@ -155,29 +167,16 @@ def build_report(
 
 # -- the terminal table --------------------------------------------------------------------
 
-#: The least distance from its target at which a stage's achieved hit ratio is off target.
-RATIO_TOLERANCE = 0.005
-
-
-def ratio_tolerance(stage: dict, page_tokens: int) -> float:
-    """How far a stage's achieved ratio may lie from its target: 0.005, or one cache page of a
-    mean history where that is coarser (hits are planned in whole items, evicted in pages)."""
-    mean = stage.get("mean_history_tokens")
-    return max(RATIO_TOLERANCE, page_tokens / mean if mean else 0.0)
-
-
-def off_target_stages(report: dict) -> list[dict]:
-    """Measured stages whose achieved hit ratio missed the target (a planner or server problem)."""
-    page = (report.get("run") or {}).get("options", {}).get("cache_page_tokens", 32)
-    return [s for s in report["stages"]
-            if s["requests"] and abs(s["achieved_ratio"] - s["target_ratio"]) > ratio_tolerance(s, page)]
+def flagged_stages(report: dict) -> list[dict]:
+    """Stages whose figures are not solid (see report.flags)."""
+    return [s for s in report["stages"] if s["flags"]]
 
 
 #: How each hit-ratio source reads in tables.
 SOURCE_MARK = {"observed": "server", "predicted": "model", None: NO_VALUE}
 
 TABLE_HEADER = ["batch", "target", "achieved", "from", "requests", "primes", "req/s", "server req/s", "mean ms",
-                "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "speed-up"]
+                "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "speed-up", "flags"]
 
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
@@ -199,6 +198,7 @@ def latency_table(report: dict) -> list[list[str]]:
             _fmt(b["server_rps"], ".1f"),
             *(_fmt(b[k], ".2f") for k in ("mean_ms", "p50_ms", "p90_ms", "p99_ms", "p999_ms")),
             _fmt(b["speedup"], ".2f", "x"),
+            ",".join(b["flags"]) or "ok",
         ])
     return rows
 

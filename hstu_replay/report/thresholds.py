@@ -166,9 +166,11 @@ def _speedup_violations(bins: list[dict], minimums: dict[float, float]) -> list[
 
 
 def evaluate(report: dict, thresholds: Thresholds) -> list[str]:
-    """One line per violated threshold; an empty list means the run passes."""
+    """One line per violated threshold; an empty list means the run passes. With any threshold
+    set, a stage whose figures are flagged as not solid fails the run too (naming why)."""
     bins = report["bins"]
-    out: list[str] = []
+    out: list[str] = [f"stage {s['name']} is {f['flag']}: {f['reason']}"
+                      for s in report["stages"] for f in s["flags"]]
     if thresholds.max_mismatches is not None:
         n = report["verification"]["mismatches"]
         if n > thresholds.max_mismatches:

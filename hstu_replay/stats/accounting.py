@@ -31,6 +31,7 @@ class Outcome:
     verdict: Verdict | None = None
     mismatch: str = ""  # one line naming request, user and difference, when the verdict fails
     lag_s: float | None = None  # open loop: actual send - intended send
+    refused: bool = False  # the server was not there to take it (see client.ServerUnavailable)
 
     @property
     def ok(self) -> bool:

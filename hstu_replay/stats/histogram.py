@@ -62,7 +62,10 @@ class LatencyHistogram:
         """The q-th percentile (0..100), as the midpoint of its bucket (capped at the max)."""
         if not self.total:
             return math.nan
-        rank = max(1, math.ceil(q / 100 * self.total))
+        return self.at_rank_ms(max(1, math.ceil(q / 100 * self.total)))
+
+    def at_rank_ms(self, rank: int) -> float:
+        """The rank-th smallest value (1-based), as the midpoint of its bucket (capped at the max)."""
         seen = 0
         for b in sorted(self.counts):
             seen += self.counts[b]
@@ -71,6 +74,18 @@ class LatencyHistogram:
                 mid = low if high - low == 1 else (low + high - 1) / 2
                 return min(mid, self.max_us) / 1e3
         return self.max_us / 1e3
+
+    def percentile_interval_ms(self, q: float, z: float = 1.96) -> tuple[float, float]:
+        """A distribution-free confidence interval (95% at z=1.96) for the q-th percentile: the
+        order statistics whose ranks bound the binomial count of samples below it. A bound whose
+        rank falls outside the samples is NaN: there are too few to bound it on that side."""
+        n, p = self.total, q / 100
+        if not n:
+            return math.nan, math.nan
+        spread = z * math.sqrt(n * p * (1 - p))
+        low, high = math.floor(n * p - spread), math.ceil(n * p + spread) + 1
+        return (self.at_rank_ms(low) if low >= 1 else math.nan,
+                self.at_rank_ms(high) if high <= n else math.nan)
 
     def to_dict(self) -> dict:
         return {"counts": {str(b): c for b, c in self.counts.items()}, "total": self.total,

@@ -36,6 +36,11 @@ class BinStats:
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)  # from the actual send
     corrected: LatencyHistogram = field(default_factory=LatencyHistogram)  # from the intended send (open loop)
     lag: LatencyHistogram = field(default_factory=LatencyHistogram)  # actual - intended send (open loop)
+    loop_lag: LatencyHistogram = field(default_factory=LatencyHistogram)  # the client's event loop, late by
+    client_cpu_s: float = 0.0  # load generator CPU over the measured window, all its processes
+    client_wall_s: float = 0.0  # ... and the wall time it was sampled over, summed alike
+    client_cpu_peak: float = 0.0  # highest CPU utilisation of one load-generator process (1.0 = a core)
+    server_down_s: float = 0.0  # time the server was unreachable, from the first failed to the next answer
     requests: int = 0  # measured requests that got a response
     errors: int = 0  # measured requests that got none (error, timeout, malformed answer)
     logical_requests: int = 0  # users served (batch members)
@@ -60,10 +65,10 @@ class BinStats:
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
             if isinstance(mine, LatencyHistogram):
                 mine.merge(theirs)
-            elif f.name == "first_start":
-                self.first_start = min(mine, theirs)
-            elif f.name == "last_end":
-                self.last_end = max(mine, theirs)
+            elif f.name in MERGE_MIN:
+                setattr(self, f.name, min(mine, theirs))
+            elif f.name in MERGE_MAX:
+                setattr(self, f.name, max(mine, theirs))
             else:
                 setattr(self, f.name, mine + theirs)
 
@@ -120,7 +125,9 @@ class BinStats:
         return self.requests / self.duration_s if self.duration_s > 0 else math.nan
 
 
-HISTOGRAMS = ("latency", "corrected", "lag")
+HISTOGRAMS = ("latency", "corrected", "lag", "loop_lag")
+MERGE_MIN = {"first_start"}  # fields that merge by min / max instead of addition
+MERGE_MAX = {"last_end", "client_cpu_peak"}
 
 
 @dataclass

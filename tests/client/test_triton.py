@@ -38,3 +38,16 @@ def test_a_missing_or_misshapen_output_is_a_server_error(outputs, message):
 def test_only_the_kvcache_model_is_treated_as_cached():
     # The Python-backend model takes user ids but keeps no cache.
     assert {name for name, i in INTERFACES.items() if i.uses_cache} == {KVCACHE.name}
+
+
+def test_a_server_that_is_not_there_is_told_apart_from_a_failed_request():
+    from tritonclient.utils import InferenceServerException
+
+    from hstu_replay.client.triton import _unavailable
+
+    assert _unavailable(ConnectionRefusedError(111, "Connection refused"))  # HTTP, nothing listening
+    assert _unavailable(InferenceServerException("failed to connect", status="StatusCode.UNAVAILABLE"))
+    assert _unavailable(InferenceServerException("Request for unknown model: 'm' is not found",
+                                                 status="StatusCode.NOT_FOUND"))  # back, model loading
+    assert not _unavailable(InferenceServerException("Deadline Exceeded", status="StatusCode.DEADLINE_EXCEEDED"))
+    assert not _unavailable(InferenceServerException("model failed", status="StatusCode.INTERNAL"))

@@ -53,6 +53,12 @@ def test_server_killed_and_restarted_mid_run(compiled_repository, sample_store, 
     (stage,) = report["stages"]
     assert stage["hits_lost"] == 0 and stage["hit_disagreements"] == 0, stage
     assert abs(stage["achieved_ratio"] - 0.9) <= 0.02, stage
+    # users back off while the server is away (up to 1 s each): no storm of failures; the outage is
+    # measured, said once each way, and flags the stage
+    assert b["failures"] < 100, (b["failures"], report["errors"])
+    assert stage["server_down_s"] > 2, stage
+    assert "server-down" in [f["flag"] for f in stage["flags"]]
+    assert err.count("the server stopped answering") == 1 and err.count("the server answers again") == 1, err
     assert run.returncode == 1  # failures without thresholds: Locust's error exit code, no crash
     assert "Traceback" not in err
 

@@ -5,7 +5,7 @@ from datetime import datetime, timezone
 import pytest
 
 import hstu_replay
-from hstu_replay.report.summary import build_report, format_table, jsonable, latency_table, off_target_stages
+from hstu_replay.report.summary import build_report, format_table, jsonable, latency_table
 from hstu_replay.stats.histogram import LatencyHistogram
 from hstu_replay.stats.run_stats import BinKey, BinStats, RunStats
 
@@ -139,34 +139,17 @@ def test_jsonable():
 def test_latency_table_rows():
     rows = latency_table(hand_report())
     assert rows[0] == ["batch", "target", "achieved", "from", "requests", "primes", "req/s", "server req/s",
-                       "mean ms", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "speed-up"]
+                       "mean ms", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "speed-up", "flags"]
     assert rows[2] == ["1", "1", "0.900", "server", "4", "0", "1.0", "1.0", "0.50", "0.40", "0.80", "0.80", "0.80",
-                       "2.00x"]
+                       "2.00x", "thin"]
     assert rows[3][2:8] == ["0.550", "model", "4", "7", "0.5", "1.4"]  # 11 server requests in 8 s
-    assert rows[4][2:] == ["-", "-", "0", "0", "-", "-", "-", "-", "-", "-", "-", "-"]
+    assert rows[4][2:] == ["-", "-", "0", "0", "-", "-", "-", "-", "-", "-", "-", "-", "thin"]
 
 
 def test_format_table_aligns_right():
     text = format_table([["a", "bbb"], ["1000", "2"]])
     assert text.splitlines() == ["   a  bbb", "----  ---", "1000    2"]
     assert format_table([]) == ""
-
-
-def test_stages_that_missed_their_target_ratio_are_named():
-    # tolerance: max(0.005, one 32-token page / mean history tokens)
-    stages = [
-        {"name": "b1_h0.90", "requests": 10, "target_ratio": 0.9, "achieved_ratio": 1.0,
-         "mean_history_tokens": 500},  # missed by 0.1 > 0.064
-        {"name": "b1_h0.75", "requests": 10, "target_ratio": 0.75, "achieved_ratio": 0.76,
-         "mean_history_tokens": 1000},  # 0.01 within 0.032
-        {"name": "b1_h0.5", "requests": 10, "target_ratio": 0.5, "achieved_ratio": 0.51,
-         "mean_history_tokens": 8000},  # 0.01 > 0.005 (a page is 0.004 of 8000 tokens)
-        {"name": "b8_h0.50", "requests": 0, "target_ratio": 0.5, "achieved_ratio": 0.0,
-         "mean_history_tokens": None},  # nothing measured
-        {"name": "b8_h0.25", "requests": 3, "target_ratio": 0.25, "achieved_ratio": 0.18,
-         "mean_history_tokens": 1000},  # missed
-    ]
-    assert [s["name"] for s in off_target_stages({"stages": stages})] == ["b1_h0.90", "b1_h0.5", "b8_h0.25"]
 
 
 def test_distinct_target_ratios_get_distinct_bin_names():

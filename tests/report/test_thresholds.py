@@ -11,7 +11,7 @@ def _bin(batch, ratio, p99=10.0, speedup=None, requests=100, failures=0, mismatc
 
 
 def _report(bins, mismatches=0):
-    return {"bins": bins, "verification": {"verified": 10, "mismatches": mismatches,
+    return {"bins": bins, "stages": [], "verification": {"verified": 10, "mismatches": mismatches,
                                            "tolerance": 0.0625}}
 
 

@@ -69,3 +69,17 @@ def test_the_achieved_ratio_names_its_source(reports):
     send(Accountant(stats, None, 0), "measure", (100,), (50,), Outcome(0.01, cached_tokens=cached))
     b = stats.bins[STAGE]
     assert (b.hit_source, b.achieved_ratio) == (("observed", 0.3) if reports else ("predicted", 0.5))
+
+
+def test_an_outage_is_timed_in_the_stage_it_began_and_opens_a_new_epoch():
+    from hstu_replay.stats.availability import Availability
+
+    said, stats = [], RunStats()
+    availability = Availability(stats, said.append)
+    assert not availability.answered(now=1.0)  # answers while up change nothing
+    availability.refused(STAGE, now=10.0)
+    availability.refused(BinKey(2, 0.9), now=11.0)  # still the same outage
+    assert availability.down and availability.epoch == 0
+    assert availability.answered(now=22.5)
+    assert stats.bins[STAGE].server_down_s == 12.5 and availability.epoch == 1
+    assert len(said) == 2 and "after 12.5 s" in said[1]

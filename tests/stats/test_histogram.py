@@ -42,3 +42,14 @@ def test_merge_equals_recording_everything_in_one():
 def test_empty_histogram_reports_nan():
     assert math.isnan(LatencyHistogram().percentile_ms(50))
     assert math.isnan(LatencyHistogram().mean_ms)
+
+
+def test_percentile_confidence_interval_from_order_statistics():
+    # 1,000 samples of 1..1000 us: the median's 95% interval is the 469th and 532nd values
+    # (500 -+ 1.96 x sqrt(1000 x 0.5 x 0.5) = 469.01 .. 530.99, upper rank + 1); below 2.048 ms
+    # the histogram is exact.
+    h = LatencyHistogram.of(i / 1e6 for i in range(1, 1001))
+    assert h.percentile_interval_ms(50) == (0.469, 0.532)
+    # 30 samples cannot bound p99 from above: the upper rank (31) lies past the samples
+    low, high = LatencyHistogram.of(i / 1e6 for i in range(1, 31)).percentile_interval_ms(99)
+    assert low == 0.028 and math.isnan(high)

@@ -1,0 +1,52 @@
+"""Which stages' figures are not solid, and why: too few samples, a missed hit ratio, a busy client.
+
+A flag never hides a figure: the stage keeps its numbers and carries the flags beside them in
+every output; a run with thresholds fails on any flagged stage (report.thresholds).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hstu_replay.stats.run_stats import BinKey, BinStats
+
+#: The least distance from its target at which a stage's achieved hit ratio is off target.
+RATIO_TOLERANCE = 0.005
+
+
+@dataclass(frozen=True)
+class StageRules:
+    min_requests: int = 30  # measured requests below which a stage is thin
+    page_tokens: int = 32  # the server's cache page: hits are lost and found in pages
+    client_cpu_bound: float = 0.9  # a load-generator process this busy (1.0 = one core) queues requests
+    loop_lag_bound_ms: float = 50.0  # the client's event loop this late (p99) delays sends and receipts
+
+
+def ratio_tolerance(mean_history_tokens: float, page_tokens: int) -> float:
+    """How far a stage's achieved ratio may lie from its target: 0.005, or one cache page of a
+    mean history where that is coarser (hits are planned in whole items, evicted in pages)."""
+    return max(RATIO_TOLERANCE, page_tokens / mean_history_tokens if mean_history_tokens else 0.0)
+
+
+def stage_flags(key: BinKey, s: BinStats, rules: StageRules) -> list[dict]:
+    """[{"flag": name, "reason": one line}] for the stage; empty when its figures are solid."""
+    flags = []
+    if s.requests < rules.min_requests:
+        flags.append(("thin", f"{s.requests} measured requests < {rules.min_requests}"))
+    if s.requests and s.logical_requests:
+        tolerance = ratio_tolerance(s.history_tokens / s.logical_requests, rules.page_tokens)
+        miss = abs(s.achieved_ratio - key.target_ratio)
+        if miss > tolerance:
+            flags.append(("off-target", f"achieved hit ratio {s.achieved_ratio:.3f} ({s.hit_source}) is "
+                                        f"{miss:.3f} from its target {key.target_ratio:g} (tolerance {tolerance:.3f})"))
+    lag_p99 = s.loop_lag.percentile_ms(99)
+    if s.client_cpu_peak >= rules.client_cpu_bound:
+        flags.append(("client-bound", f"a load-generator process used {s.client_cpu_peak:.0%} of a core "
+                                      f"(bound {rules.client_cpu_bound:.0%})"))
+    elif not math.isnan(lag_p99) and lag_p99 > rules.loop_lag_bound_ms:
+        flags.append(("client-bound", f"the client's event loop ran {lag_p99:.1f} ms late at p99 "
+                                      f"(bound {rules.loop_lag_bound_ms:g} ms)"))
+    if s.server_down_s > 0:
+        flags.append(("server-down", f"the server was unreachable for {s.server_down_s:.1f} s"))
+    return [{"flag": f, "reason": r} for f, r in flags]

@@ -1,0 +1,42 @@
+"""Whether the server answers, as this process's users see it: when it went away, when it came back.
+
+Downtime counts from the first refused request to the next answered one, in the stage where it
+began. Each return starts a new epoch: what the client believed the server's cache held before
+it is void (a restarted server holds nothing), so steps planned before are not measured.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from hstu_replay.stats.run_stats import BinKey, RunStats
+
+
+class Availability:
+    def __init__(self, stats: RunStats, say: Callable[[str], None]):
+        self.stats, self.say = stats, say
+        self.epoch = 0
+        self.down_since: float | None = None  # time.monotonic()
+        self._stage: BinKey | None = None
+
+    @property
+    def down(self) -> bool:
+        return self.down_since is not None
+
+    def refused(self, stage: BinKey, now: float | None = None) -> None:
+        if self.down_since is None:
+            self.down_since, self._stage = time.monotonic() if now is None else now, stage
+            self.say(f"the server stopped answering (stage {stage.name()}); users back off until it returns")
+
+    def answered(self, now: float | None = None) -> bool:
+        """True when this answer ends an outage (a new epoch begins)."""
+        if self.down_since is None:
+            return False
+        down = (time.monotonic() if now is None else now) - self.down_since
+        self.stats.bin(self._stage).server_down_s += down
+        self.down_since, self._stage = None, None
+        self.epoch += 1
+        self.say(f"the server answers again after {down:.1f} s; cache predictions made before are void, "
+                 "every cache key is replaced")
+        return True
