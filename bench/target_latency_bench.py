@@ -233,8 +233,9 @@ def triton_clear(client) -> None:
 # ----------------------------------------------------------------------------- the server
 
 
-def start_server(settings: Settings) -> Server:
-    """Start `hstu-replay target serve` on free ports; wait (bounded) until it says it serves."""
+def start_server(settings: Settings, extra: list[str] | None = None) -> Server:
+    """Start `hstu-replay target serve` (with `extra` arguments) on free ports; wait (bounded)
+    until it says it serves."""
     threads = settings.threads
     env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads > 0 else {}))
     http, grpc, metrics, cache_metrics = free_ports(4)
@@ -245,6 +246,7 @@ def start_server(settings: Settings) -> Server:
                "--host", "127.0.0.1", "--http-port", str(http), "--grpc-port", str(grpc),
                "--metrics-port", str(metrics), "--cache-metrics-port", str(cache_metrics)]
     command += ["--dtype", settings.dtype] if settings.dtype else []
+    command += extra or []
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
                                    start_new_session=True)

@@ -47,6 +47,7 @@ class ServerHandle(Loopback):
     metrics_port: int
     cache_metrics_port: int
     log: Path
+    family: dict = None  # pid -> start time of every process the server had started once ready
 
 
 def start_server(repository: Path, log: Path, *extra: str, ready_timeout: float = 120.0,
@@ -62,7 +63,9 @@ def start_server(repository: Path, log: Path, *extra: str, ready_timeout: float 
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline:
         if "hstu-replay: serving" in log.read_text(errors="replace"):
-            return ServerHandle(process, http, grpc, metrics, cache_metrics, log)
+            from hstu_replay.target.watchdog import descendants
+
+            return ServerHandle(process, http, grpc, metrics, cache_metrics, log, descendants(process.pid))
         if process.poll() is not None:
             break
         time.sleep(0.25)
@@ -71,13 +74,43 @@ def start_server(repository: Path, log: Path, *extra: str, ready_timeout: float 
 
 
 def stop_server(server: ServerHandle, timeout: float = 60.0) -> int:
+    """SIGTERM; the exit code once the server and everything it started are gone (checked)."""
     server.process.send_signal(signal.SIGTERM)
     try:
-        return server.process.wait(timeout)
+        code = server.process.wait(timeout)
     except subprocess.TimeoutExpired:
         server.process.kill()
         server.process.wait(10)
         raise
+    assert_nothing_left(server)
+    return code
+
+
+def assert_nothing_left(server: ServerHandle, timeout: float = 15.0) -> None:
+    """No process the server started (tritonserver, backend stubs) and none of its ports outlives it."""
+    from hstu_replay.target.watchdog import _stat
+
+    def left() -> list[str]:
+        alive = [f"pid {pid}" for pid, start in (server.family or {}).items()
+                 if (stat := _stat(pid)) is not None and stat[1] == start]
+        ports = (server.http_port, server.grpc_port, server.metrics_port, server.cache_metrics_port)
+        return alive + [f"port {p}" for p in ports if not _port_free(p)]
+
+    deadline = time.monotonic() + timeout
+    while (remaining := left()) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert not remaining, f"left behind by the server: {remaining}"
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
 
 
 @pytest.fixture(scope="session")

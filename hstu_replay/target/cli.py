@@ -31,6 +31,9 @@ def add_commands(groups) -> None:
                             "in one pass over a paged KV pool (the fast path on a GPU; nothing to compile)")
     serve.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
                        help="weights and KV cache type (--engine batched; default: the config's)")
+    serve.add_argument("--threads", type=int, default=0,
+                       help="CPU threads of the model (default 0: OMP_NUM_THREADS if set, else the usable cores "
+                            "minus one: beside other work a model on every core slows down several-fold)")
     serve.add_argument("--log-verbose", type=int, default=0)
     serve.set_defaults(func=_serve)
 
@@ -72,13 +75,21 @@ def _export(args) -> int:
 
 
 def _serve(args) -> int:
+    from hstu_replay.target.threads import apply_threads
+
+    if args.threads < 0:
+        raise ConfigError(f"--threads {args.threads}: use 0 (the default policy) or a positive count")
+    threads = apply_threads(args.threads)  # before torch's first import: OpenMP reads its environment once
     from hstu_replay.target.build import ENGINE_KINDS
     from hstu_replay.target.config import get_config
     from hstu_replay.target.serve import ServeOptions, check_ports_free, serve
+    from hstu_replay.target.watchdog import start_watchdog
 
     options = ServeOptions(args.host, args.http_port, args.grpc_port, args.metrics_port, args.cache_metrics_port,
                            args.log_verbose)
     check_ports_free(options)
+    start_watchdog()  # tritonserver and its stubs go when this process goes, even by SIGKILL
+    print(f"hstu-replay: model threads {threads}", file=sys.stderr, flush=True)
     device = _device(args.device)
     config = get_config(args.config, args.dtype)
     engines = ENGINE_KINDS[args.engine](args.repository, config, args.seed, args.cache_budget_tokens,

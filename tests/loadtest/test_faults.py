@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, free_ports, locust_command, start_server, stop_server
+from tests.conftest import ROOT, assert_nothing_left, free_ports, locust_command, start_server, stop_server
 
 pytestmark = pytest.mark.integration
 
@@ -32,6 +32,7 @@ def test_server_killed_and_restarted_mid_run(compiled_repository, sample_store, 
         subprocess.run(["pkill", "-9", "-f", f"tritonserver .*--grpc-port {ports[1]} "], check=True)
         assert server.process.wait(60) != 0
         assert "tritonserver exited unexpectedly" in (tmp_path / "server1.log").read_text()
+        assert_nothing_left(server)  # its Python-backend stubs went with it
         time.sleep(2)
         restarted = start_server(compiled_repository, tmp_path / "server2.log", ports=ports)
         out, err = run.communicate(timeout=120)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import tritonclient.http as httpclient
 
 from hstu_replay.interface import INTERFACES, KVCACHE, NOCACHE
 from hstu_replay.request import UserRequest, build_request
-from tests.conftest import BIN, ROOT, start_server, stop_server
+from tests.conftest import BIN, ROOT, assert_nothing_left, start_server, stop_server
 
 pytestmark = pytest.mark.integration
 
@@ -137,3 +138,15 @@ def test_a_taken_port_is_one_clear_line(triton_server, compiled_repository):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("hstu-replay: error: grpc port")
     assert "is taken" in proc.stderr
+
+
+def test_a_killed_serve_takes_its_tritonserver_and_stubs_with_it(compiled_repository, tmp_path):
+    # A SIGKILLed `target serve` used to orphan its tritonserver, which kept the ports.
+    server = start_server(compiled_repository, tmp_path / "killed.log")
+    names = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+             for pid in server.family]
+    assert any(n.endswith("tritonserver") for n in names), names
+    assert any("python_backend_stub" in n for n in names), names
+    server.process.kill()
+    server.process.wait(10)
+    assert_nothing_left(server)
