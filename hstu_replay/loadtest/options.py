@@ -38,6 +38,9 @@ class LoadTestConfig:
     arrival: str = _opt("--arrival", "closed", "closed (back to back), constant or poisson (open loop)")
     request_rate: float = _opt("--request-rate", 0.0, "Open loop: measured requests per second, all users together")
     stage_seconds: float = _opt("--stage-seconds", 10.0, "Measured seconds per stage")
+    stage_requests: int = _opt("--stage-requests", 0,
+                               "End a stage after this many measured requests (0: on --stage-seconds only, "
+                               "which stays the upper bound; one process only)")
     warmup_seconds: float = _opt("--warmup-seconds", 2.0, "Seconds at the start of each stage left out")
     candidates: int = _opt("--candidates", 16, "Candidates ranked per user (session replay)")
     max_history: int = _opt("--max-history", 4096, "Longest history sent, in items")
@@ -92,6 +95,8 @@ class LoadTestConfig:
             raise ConfigError(f"--arrival {self.arrival!r}: use one of {', '.join(ARRIVALS)}")
         if self.arrival != "closed" and self.request_rate <= 0:
             raise ConfigError(f"--arrival {self.arrival} needs --request-rate > 0")
+        if self.stage_requests < 0:
+            raise ConfigError(f"--stage-requests {self.stage_requests}: use 0 (off) or a count")
         if self.stage_seconds <= 0 or self.warmup_seconds < 0:
             raise ConfigError("--stage-seconds must be > 0 and --warmup-seconds >= 0")
         if not 0.0 <= self.verify_fraction <= 1.0:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hstu_replay.client.triton import ModelBinding, TritonClient
+from hstu_replay.errors import ConfigError
 from hstu_replay.loadtest.options import LoadTestConfig
 from hstu_replay.loadtest.schedule import Schedule
 from hstu_replay.plan.workloads import Workload, WorkloadOptions, open_workload
@@ -54,6 +55,8 @@ def connect(config: LoadTestConfig) -> ModelBinding:
 
 
 def prepare(config: LoadTestConfig, placement: Placement, binding: ModelBinding | None = None) -> PreparedRun:
+    if config.stage_requests and placement.role != "local":
+        raise ConfigError("--stage-requests ends stages in one process; distributed stages end on --stage-seconds")
     binding = binding or connect(config)
     workload = None
     if placement.role != "master":

@@ -31,7 +31,7 @@ class ActiveRun:
     def __init__(self, prepared: PreparedRun):
         self.prepared = prepared
         self.config = prepared.config
-        self.clock = SweepClock(prepared.schedule)
+        self.clock = SweepClock(prepared.schedule, self.config.stage_requests)
         self.stats = RunStats()
         self.server_stages: dict = {}  # bin name -> Triton queue/compute split (master / local)
         placement = prepared.placement

@@ -55,12 +55,20 @@ class Schedule:
 
 class SweepClock:
     """The sweep's time in this process. It starts when spawning completes, so users still
-    ramping up never fall inside a measured window; until then there is no stage."""
+    ramping up never fall inside a measured window; until then there is no stage.
 
-    def __init__(self, schedule: Schedule):
+    With a `stage_requests` quota a stage also ends once that many measured requests were
+    filed in it (its seconds stay the upper bound): stages then start when the last one ended.
+    """
+
+    def __init__(self, schedule: Schedule, stage_requests: int = 0):
         self.schedule = schedule
+        self.quota = stage_requests
         self.started_at = math.nan  # time.monotonic() when the sweep began
         self.started_epoch = math.nan
+        self._index = 0  # with a quota: the current stage, since when, and its measured count
+        self._stage_started = math.nan
+        self._measured = 0
 
     @property
     def started(self) -> bool:
@@ -70,6 +78,7 @@ class SweepClock:
         """Start the sweep `elapsed_s` seconds ago (a worker joining its master's sweep)."""
         if not self.started:
             self.started_at, self.started_epoch = time.monotonic() - elapsed_s, time.time() - elapsed_s
+            self._stage_started = self.started_at
 
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started_at if self.started else 0.0
@@ -78,7 +87,21 @@ class SweepClock:
         """The stage at monotonic time `at` (default now); None before the start and after the end."""
         if not self.started:
             return None
-        return self.schedule.at((time.monotonic() if at is None else at) - self.started_at)
+        now = time.monotonic() if at is None else at
+        if not self.quota:
+            return self.schedule.at(now - self.started_at)
+        stages = self.schedule.stages
+        while self._index < len(stages):  # bounded: one pass over the stages
+            stage = stages[self._index]
+            if self._measured < self.quota and now - self._stage_started < stage.warmup_s + stage.measure_s:
+                return StagePosition(stage, now - self._stage_started < stage.warmup_s)
+            self._index, self._stage_started, self._measured = self._index + 1, max(now, self._stage_started), 0
+        return None
+
+    def measured(self, stage: Stage) -> None:
+        """One more measured request filed in `stage` (counts towards the quota)."""
+        if self.quota and stage.index == self._index:
+            self._measured += 1
 
     def over(self) -> bool:
-        return self.started and time.monotonic() - self.started_at >= self.schedule.duration_s
+        return self.started and self.position() is None

@@ -6,12 +6,12 @@ when each stage's measured window opens and closes; the difference is that stage
 
 from __future__ import annotations
 
-import time
 
 import gevent
 
 from hstu_replay.client.triton import TritonClient
 
+POLL_S = 0.05
 PHASES = ("queue", "compute_input", "compute_infer", "compute_output", "success")
 
 
@@ -49,14 +49,21 @@ def watch(environment, run) -> None:
             pending.clear()
 
     def follow():
-        clock = run.clock
-        while not clock.started:  # ends with the run at the latest (test_stop kills this greenlet)
-            gevent.sleep(0.05)
-        for stage in clock.schedule.stages:
-            gevent.sleep(max(0.0, clock.started_at + stage.start_s + stage.warmup_s - time.monotonic()))
-            pending.update(stage=stage, before=_snapshot(client, model))
-            gevent.sleep(max(0.0, clock.started_at + stage.end_s - time.monotonic()))
-            close_window()
+        """Open a window when a stage's measured part begins, close it when that ends (polled:
+        stages may end on a request count)."""
+        clock, current = run.clock, None
+        while not run.ended:  # bounded by the run (test_stop kills this greenlet at the latest)
+            position = clock.position()
+            measuring = position.stage if position is not None and not position.warming_up else None
+            if current is not None and measuring is not current:
+                close_window()
+                current = None
+            if measuring is not None and current is None:
+                pending.update(stage=measuring, before=_snapshot(client, model))
+                current = measuring
+            if clock.started and position is None:
+                return
+            gevent.sleep(POLL_S)
 
     greenlet = gevent.spawn(follow)
 

@@ -135,6 +135,8 @@ class HstuUser(User):
                     exception = MismatchError(outcome.mismatch)
         hits = (0,) * request.batch_size if prime else step.expected_hits
         run.accountant.file(Sent(kind, position.stage.key, request, hits, predicted, outcome, label, self.index))
+        if kind == "measure" and outcome.ok:
+            run.clock.measured(position.stage)
         self.environment.events.request.fire(
             request_type=run.config.triton_protocol, name=request_name(position, "prime" if prime else kind),
             response_time=outcome.latency_s * 1e3, response_length=0 if outcome.logits is None else outcome.logits.nbytes,

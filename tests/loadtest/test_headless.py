@@ -175,3 +175,15 @@ def test_users_still_spawning_are_never_measured(triton_server, reference_dumps,
         first_of_user[r["user"]] = min(first_of_user.get(r["user"], r["t"]), r["t"])
     assert len(first_of_user) == 4
     assert min(r["t"] for r in records if r["kind"] == "measure") >= max(first_of_user.values())
+
+
+def test_stages_can_end_on_a_request_count(triton_server, reference_dumps, tmp_path):
+    result = run_locust(
+        tmp_path, "-u", "2", "-r", "2", "--triton-url", triton_server.grpc_url, "--workload", "dumps",
+        "--dump-dir", str(reference_dumps), "--hit-ratios", "0,1.0", "--batch-sizes", "1",
+        "--stage-requests", "40", "--stage-seconds", "120", "--warmup-seconds", "0.5", "--max-history", "256",
+        timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for stage in result.report["stages"]:
+        assert 40 <= stage["requests"] <= 41, stage  # the quota, and at most the other user's answer
+        assert stage["flags"] == [], stage
