@@ -1,0 +1,73 @@
+"""Locust's web UI driving real runs: a rerun from the form starts clean, with the paths as edited."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from hstu_replay.loadtest.records import read_records
+from tests.conftest import ROOT, free_ports, locust_command
+
+pytestmark = pytest.mark.integration
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def _post(url: str, form: dict) -> dict:
+    data = urllib.parse.urlencode(form).encode()
+    with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=10) as response:
+        return json.loads(response.read())
+
+
+def _until(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except OSError:
+            pass
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_rerun_from_the_web_ui_starts_clean(triton_server, reference_dumps, tmp_path):
+    (port,) = free_ports(1)
+    base = f"http://127.0.0.1:{port}"
+    log = (tmp_path / "locust.log").open("w")
+    process = subprocess.Popen(
+        locust_command("--web-host", "127.0.0.1", "--web-port", str(port), "--loglevel", "WARNING",
+                       "--triton-url", triton_server.grpc_url, "--workload", "dumps", "--dump-dir", str(reference_dumps),
+                       "--hit-ratios", "0,1.0", "--batch-sizes", "1", "--stage-seconds", "2", "--warmup-seconds", "0.5",
+                       "--max-history", "256", "--report-dir", str(tmp_path / "unused")),
+        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        _until(lambda: _get(f"{base}/stats/requests")["state"] == "ready", 60, "the web UI")
+        for run in ("first", "second"):
+            reply = _post(f"{base}/swarm", {"user_count": 2, "spawn_rate": 2, "report_dir": str(tmp_path / run)})
+            assert reply["success"], reply
+            _until(lambda: _get(f"{base}/stats/requests")["state"] == "running", 30, f"the {run} run to start")
+            _until(lambda: _get(f"{base}/stats/requests")["state"] == "stopped", 60, f"the {run} run to end")
+            _until(lambda: (tmp_path / run / "report.json").is_file(), 10, f"the {run} report")
+        tab = _get(f"{base}/stats/requests")["extended_stats"][0]["data"]
+        assert [row["bin"] for row in tab] == ["b1_h0.00", "b1_h1.00"]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+    assert not (tmp_path / "unused").exists()  # the path edited in the form was used, each time
+    first, second = read_records(tmp_path / "first"), read_records(tmp_path / "second")
+    assert first and second
+    assert {r["user"] for r in second} == {0, 1}  # the user counter started again
+    assert not {k for r in first for k in r["keys"]} & {k for r in second for k in r["keys"]}
+    report = json.loads((tmp_path / "second" / "report.json").read_text())
+    assert sum(b["requests"] for b in report["bins"]) == sum(r["kind"] == "measure" for r in second)
