@@ -103,9 +103,12 @@ def assert_nothing_left(server: ServerHandle, timeout: float = 15.0) -> None:
 
 
 def _port_free(port: int) -> bool:
+    """Nothing listens on `port` (connections of the past in TIME_WAIT do not count: a server
+    binds with SO_REUSEADDR too)."""
     import socket
 
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
             return True
