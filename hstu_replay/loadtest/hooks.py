@@ -119,6 +119,9 @@ def _test_start(environment, **_):
         fail(environment, str(exc))
         return
     run = runtime.begin(prepared)
+    if not prepared.caches and any(config.ratios):
+        print(f"hstu-replay: model {config.triton_model} keeps no KV cache: one stage at hit ratio 0 per batch "
+              f"size instead of --hit-ratios {config.hit_ratios}", file=sys.stderr, flush=True)
     for batch, cap in prepared.history_caps().items():
         print(f"hstu-replay: batch {batch}: histories capped at {cap} items so that {batch} users fit "
               f"--max-values {config.max_values}", file=sys.stderr, flush=True)

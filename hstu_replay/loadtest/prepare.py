@@ -65,5 +65,6 @@ def prepare(config: LoadTestConfig, placement: Placement, binding: ModelBinding 
                                   placement.worker_count)
         workload = open_workload(config.workload, options)
         workload.check(config.batches)
-    schedule = Schedule(config.batches, config.ratios, config.warmup_seconds, config.stage_seconds)
+    ratios = config.ratios if binding.interface.uses_cache else (0.0,)  # nothing to hit: one cold stage
+    schedule = Schedule(config.batches, ratios, config.warmup_seconds, config.stage_seconds)
     return PreparedRun(config, placement, binding, schedule, workload)

@@ -131,12 +131,15 @@ def test_no_cache_model_over_http(triton_server, reference_dumps, tmp_path):
     result = run_locust(
         tmp_path, "-u", "1", "-r", "1", "--triton-url", triton_server.http_url, "--triton-protocol", "http",
         "--triton-model", "hstu_gr_ranking", "--workload", "dumps", "--dump-dir", str(reference_dumps),
-        "--hit-ratios", "0", "--batch-sizes", "2", "--stage-seconds", "3", "--warmup-seconds", "0",
+        "--hit-ratios", "0,0.5,1.0", "--batch-sizes", "2", "--stage-seconds", "3", "--warmup-seconds", "0",
         "--max-history", "256", "--max-mismatches", "0",
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.report["run"]["interface"] == "nocache"
     assert result.report["verification"]["verified"] > 0
+    # a model without a cache has nothing to hit: one cold stage, not stages mislabelled 0.5 and 1.0
+    assert [s["name"] for s in result.report["stages"]] == ["b2_h0.00"]
+    assert "keeps no KV cache" in result.stderr
 
 
 def test_bad_option_is_one_line(tmp_path):
