@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import itertools
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from hstu_replay.client.triton import ModelBinding
 from hstu_replay.loadtest.options import LoadTestConfig
 from hstu_replay.loadtest.prepare import Placement, PreparedRun
 from hstu_replay.loadtest.records import RecordWriter
@@ -89,7 +90,7 @@ class LoadTestRuntime:
     worker_index: int = 0
     worker_count: int = 1
     run: ActiveRun | None = None
-    binding: object = field(default=None)  # detected at init (headless), before any run
+    binding: ModelBinding | None = None  # detected at init (headless), before any run
 
     @property
     def placement(self) -> Placement:
