@@ -253,8 +253,9 @@ class FullLengthSource:
         return PlannedStep(request=build_request(batch, self.limits), expected_hits=(0,) * len(batch),
                            label="full-length", target_ratio=target)
 
-    def settle(self, step: PlannedStep, ok: bool) -> None:
-        """Every key is fresh and used once: nothing to keep."""
+    def settle(self, step: PlannedStep, ok: bool) -> list[int]:
+        """Every key is fresh and used once: all retire."""
+        return step.request.user_ids.tolist()
 
     def reset(self) -> None:
         """Nothing is kept."""

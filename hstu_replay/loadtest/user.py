@@ -93,7 +93,9 @@ class HstuUser(User):
             run.accountant.file(Sent(kind, position.stage.key, step.request, step.expected_hits,
                                      (0,) * step.request.batch_size,
                                      Outcome(0.0, error="not sent: its priming request failed"), step.label, self.index))
-        self.source.settle(step, outcome.ok)
+        retired = self.source.settle(step, outcome.ok)
+        if run.prepared.caches:
+            run.cache.retire(retired)
         if outcome.refused:  # the server is away: back off instead of a storm of failures
             self.backoff = min(max(self.backoff * 2, BACKOFF_S[0]), BACKOFF_S[1])
             gevent.sleep(self.backoff)

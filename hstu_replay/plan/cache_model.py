@@ -20,6 +20,14 @@ class CacheModel:
         for key in request.user_ids.tolist():
             self.ledger.forget(key)
 
+    def retire(self, keys) -> None:
+        """Keys never to be sent again. Without a budget they are forgotten (memory stays bounded
+        by the keys in use); under a budget they stay, since the server keeps them too until its
+        LRU evicts them, and the budget bounds them."""
+        if self.ledger.budget_pages is None:
+            for key in keys:
+                self.ledger.forget(key)
+
     def clear(self) -> None:
         """The server lost its cache (it restarted): nothing is held any more."""
         self.ledger.clear()

@@ -111,12 +111,17 @@ class DumpSource:
         """The server lost its cache: no dumped user's key holds anything any more."""
         self.held.clear()
 
-    def settle(self, step: PlannedStep, ok: bool) -> None:
-        """Book the keys that now hold their user's full history; release the dumped users."""
+    def settle(self, step: PlannedStep, ok: bool) -> list[int]:
+        """Book the keys that now hold their user's full history; release the dumped users.
+        Returns the keys never to be sent again (replaced, failed, or used once)."""
+        retired = []
         for i, key, tokens, owner in step.handles:
-            if owner:
-                if ok:
-                    self.held[i] = _Held(key, tokens)
-                else:
-                    self.held.pop(i, None)
+            booked = self.held.pop(i, None) if owner else None
+            if booked is not None and booked.key != key:
+                retired.append(booked.key)
+            if owner and ok:
+                self.held[i] = _Held(key, tokens)
+            else:
+                retired.append(key)
             self.dealer.release(i)
+        return retired

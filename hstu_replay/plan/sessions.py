@@ -45,6 +45,7 @@ class SessionSource:
         self.candidates = candidates
         self._slots: list[_Slot] = []
         self._boundaries: dict[int, np.ndarray] = {}
+        self._retired: list[int] = []  # keys never to be sent again, handed out by `settle`
 
     def next_step(self, target: float, batch_size: int) -> PlannedStep:
         cap = self.limits.history_cap(batch_size, self.candidates)
@@ -70,15 +71,23 @@ class SessionSource:
             handles=slots,
         )
 
-    def settle(self, step: PlannedStep, ok: bool) -> None:
-        """After the step: a failed one leaves its keys' server state unknown, so they are dropped."""
+    def settle(self, step: PlannedStep, ok: bool) -> list[int]:
+        """After the step: a failed one leaves its keys' server state unknown, so they are dropped.
+        Returns the keys retired since the last call (never to be sent again)."""
         if not ok:
             for slot in step.handles:
-                slot.key = None
+                self._drop_key(slot)
+        retired, self._retired = self._retired, []
+        return retired
 
     def reset(self) -> None:
         """The server lost its cache: every slot starts a fresh key at its next step."""
         for slot in self._slots:
+            self._drop_key(slot)
+
+    def _drop_key(self, slot: _Slot) -> None:
+        if slot.key is not None:
+            self._retired.append(slot.key)
             slot.key = None
 
     # -- one slot -----------------------------------------------------------------------
@@ -91,7 +100,8 @@ class SessionSource:
         if slot.user >= 0:
             self.dealer.release(slot.user)
         slot.user = self.dealer.take(exclude=others)
-        slot.key, slot.sent = None, 0
+        self._drop_key(slot)
+        slot.sent = 0
 
     def _next_visit_end(self, user: int, after: int, cap: int) -> int:
         """End of the first visit that adds at least one event after `after` items."""
@@ -114,6 +124,7 @@ class SessionSource:
                 self._next_user(slot)
                 available = self._available(slot.user, cap)
             items = self._next_visit_end(slot.user, slot.sent, cap)
+            self._drop_key(slot)
             slot.key = self.keys.new_key()
             prefix = prime_items(target, items)
             if prefix is not None:

@@ -21,7 +21,8 @@ from hstu_replay.plan.step import PlannedStep
 class StepSource(Protocol):
     def next_step(self, target: float, batch_size: int) -> PlannedStep: ...
 
-    def settle(self, step: PlannedStep, ok: bool) -> None: ...
+    def settle(self, step: PlannedStep, ok: bool) -> list[int]:
+        """After the step (`ok`: answered); returns the cache keys never to be sent again."""
 
     def reset(self) -> None: ...
 
