@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from hstu_replay.errors import ConfigError, PlanError
+from hstu_replay.errors import ConfigError, HstuReplayError
 from hstu_replay.interface import NOCACHE, Limits, history_tokens
 from hstu_replay.plan.dealer import Dealer
 from hstu_replay.plan.keys import KeyAllocator
@@ -74,10 +74,13 @@ class DumpSource:
         try:
             for _ in range(batch_size):
                 chosen.append(self.dealer.take(exclude={self.dealer.identity(i) for i in chosen}))
-        except PlanError:
+            return self._step(chosen, target)
+        except HstuReplayError:  # nothing is sent: the dumped users are free again
             for i in chosen:
                 self.dealer.release(i)
             raise
+
+    def _step(self, chosen: list[int], target: float) -> PlannedStep:
         users, primes, hits, handles = [], [], [], []
         for i in chosen:
             user = self.pool[i].request
