@@ -48,6 +48,12 @@ class UserRequest:
     def total_history_length(self) -> int:
         return history_tokens(len(self.history_items))
 
+    @property
+    def num_values(self) -> int:
+        """How many entries of `values` this user takes: one per contextual feature, then item
+        and action per history item and per candidate."""
+        return NUM_CONTEXT_TOKENS + 2 * (len(self.history_items) + len(self.candidates))
+
 
 @dataclass(frozen=True)
 class RequestTensors:
@@ -110,7 +116,7 @@ def check_limits(users: Sequence[UserRequest], limits: Limits = PUBLISHED_LIMITS
     if not 1 <= batch <= limits.max_batch:
         raise LimitError(f"batch of {batch} users; the model takes 1..{limits.max_batch}")
     seen: set[int] = set()
-    total = NUM_CONTEXT_TOKENS * batch
+    total = 0
     for u in users:
         if u.key in seen:
             raise LimitError(f"cache key {u.key} appears twice in one request; the server would corrupt it")
@@ -127,7 +133,7 @@ def check_limits(users: Sequence[UserRequest], limits: Limits = PUBLISHED_LIMITS
             raise LimitError(
                 f"user {u.user_id}: {len(u.candidates)} candidates exceed {limits.max_candidates}"
             )
-        total += 2 * (len(u.history_items) + len(u.candidates))
+        total += u.num_values
     if total > limits.max_values:
         raise LimitError(f"request has {total} values; the model takes at most {limits.max_values}")
 

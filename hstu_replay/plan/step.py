@@ -20,11 +20,3 @@ class PlannedStep:
     label: str = ""  # names the request in failures: dump batch or user/visit
     target_ratio: float = 0.0
     handles: tuple = ()  # the source's own bookkeeping for `settle` (slots, dump entries)
-
-    @property
-    def history_tokens(self) -> int:
-        return int(self.request.total_history_lengths.sum())
-
-    @property
-    def expected_ratio(self) -> float:
-        return sum(self.expected_hits) / self.history_tokens if self.history_tokens else 0.0

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from hstu_replay.errors import ConfigError, HstuReplayError
-from hstu_replay.interface import NUM_CONTEXT_TOKENS, Limits
+from hstu_replay.interface import Limits
 from hstu_replay.plan.dealer import Dealer
 from hstu_replay.plan.keys import KeyAllocator
 from hstu_replay.plan.step import PlannedStep
@@ -105,8 +105,7 @@ class DumpWorkload:
                 raise ConfigError(f"--dump-dir {o.path}: {d.label} has {u.history_length} history items and "
                                   f"{len(u.candidates)} candidates; limits {limits.max_history} and "
                                   f"{limits.max_candidates} (raise --max-history)")
-        sizes = sorted((NUM_CONTEXT_TOKENS + 2 * (d.request.history_length + len(d.request.candidates))
-                        for d in self.pool), reverse=True)  # len(values) each user adds
+        sizes = sorted((d.request.num_values for d in self.pool), reverse=True)
         distinct = len(set(self.dealer.identities))
         for batch in batch_sizes:
             if distinct < batch:

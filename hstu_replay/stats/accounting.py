@@ -17,9 +17,6 @@ from hstu_replay.request import RequestTensors
 from hstu_replay.stats.run_stats import BinKey, RunStats
 from hstu_replay.verify import Verdict
 
-KINDS = ("prime", "warmup", "measure")
-
-
 @dataclass
 class Outcome:
     """What happened to one sent request."""
@@ -61,13 +58,13 @@ class Accountant:
         self.stats, self.records, self.worker_index = stats, records, worker_index
 
     def file(self, sent: Sent) -> None:
+        outcome, request = sent.outcome, sent.request
+        tokens = int(request.total_history_lengths.sum())
         if self.records is not None:
-            self.records.write(self._record(sent))
+            self.records.write(self._record(sent, tokens))
         if sent.kind == "warmup":
             self.stats.warmup_requests += 1
             return
-        outcome, request = sent.outcome, sent.request
-        tokens = int(request.total_history_lengths.sum())
         b = self.stats.bin(sent.stage)
         if sent.kind == "prime":
             b.prime_requests += 1
@@ -108,12 +105,12 @@ class Accountant:
                 b.mismatches += 1
                 self.stats.count_error(outcome.mismatch)
 
-    def _record(self, sent: Sent) -> dict:
+    def _record(self, sent: Sent, tokens: int) -> dict:
         outcome = sent.outcome
         record = {
             "t": time.time() - outcome.latency_s, "latency_ms": outcome.latency_s * 1e3, "kind": sent.kind,
             "stage": sent.stage.name(), "batch": sent.request.batch_size, "target": sent.stage.target_ratio,
-            "tokens": int(sent.request.total_history_lengths.sum()), "keys": sent.request.user_ids.tolist(),
+            "tokens": tokens, "keys": sent.request.user_ids.tolist(),
             "expected_hits": sum(sent.expected_hits), "predicted_hits": sum(sent.predicted_hits),
             "observed_hits": None if outcome.cached_tokens is None else int(outcome.cached_tokens.sum()),
             "ok": outcome.ok, "error": outcome.error or None, "label": sent.label,
