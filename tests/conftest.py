@@ -148,6 +148,19 @@ def long_store(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def full_length_store(tmp_path_factory) -> Path:
+    """Synthetic users of 1,500 to 10,000 events: at batch 8 their histories exceed what the
+    published 40,000 values allow (2,481 items each with 16 candidates)."""
+    from hstu_replay.data.prepare import prepare
+    from hstu_replay.data.synth import synthesize
+
+    root = tmp_path_factory.mktemp("full-length")
+    synthesize(root / "raw", users=12, seed=7, events_per_user_scale=0.5)
+    prepare(root / "raw", root / "store")
+    return root / "store"
+
+
+@pytest.fixture(scope="session")
 def reference_dumps(compiled_repository, long_store, tmp_path_factory) -> Path:
     """Cold-cache reference dumps: batches of 8 users with 200..256 history items each."""
     from hstu_replay.target.build import load_engines

@@ -131,3 +131,22 @@ def test_the_capacity_model_agrees_with_an_independent_lru(oracle_servers, data,
         print(f"{stage['name']}: target {stage['target_ratio']:g} reported {stage['achieved_ratio']:.4f} "
               f"oracle {hits / tokens:.4f} (LRU budget {budget} tokens)")
     assert evicting  # the budget was small enough to matter
+
+
+def test_batch_8_at_default_options(oracle_servers, full_length_store, tmp_path):
+    """Default --max-history 4096 and --max-values 40000 with users longer than both allow at
+    batch 8: histories are capped to fit, the oracle sees every request within the published
+    limits, and reported equals seen."""
+    oracle = oracle_servers(cached_tokens=False)
+    start = len(oracle.records())
+    result = run_locust(tmp_path, "-u", "2", "-r", "2", "--triton-url", oracle.grpc_url, "--workload", "sessions",
+                        "--store", str(full_length_store), "--hit-ratios", RATIOS, "--batch-sizes", "8",
+                        "--stage-seconds", "3", "--warmup-seconds", "0.5", "--verify-fraction", "0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "batch 8: histories capped at 2481 items" in result.stderr
+    seen = seen_since(oracle, start)
+    assert max(len(e["keys"]) for e in seen) == 8
+    assert max(max(e["totals"]) for e in seen) > 2 * 2000  # long histories were sent
+    rows = check_truth(result.report, read_records(tmp_path), seen, "predicted")
+    print("\n== truth: one process, closed, sessions, batch 8 at default options")
+    print("\n".join(rows))
