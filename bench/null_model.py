@@ -1,19 +1,15 @@
-"""A do-nothing PyTriton model server (zeros of the right shape) and the benchmarks' child-server lifecycle.
+"""A do-nothing PyTriton model server: zeros of the right shape (started by harness.start_null).
 
-    python bench/null_model.py MODEL_NAME GRPC HTTP METRICS    # serve MODEL_NAME until SIGTERM
+    python bench/null_model.py MODEL_NAME GRPC HTTP METRICS [--instances N]   # serve until SIGTERM
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import signal
-import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,61 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hstu_replay.interface import INTERFACES, NUM_TASKS, ModelInterface  # noqa: E402
-from hstu_replay.target.serve import free_ports  # noqa: E402
 
 READY = "null-model: ready"
 BY_MODEL = {i.model_name: i for i in INTERFACES.values()}
-
-
-@dataclass
-class ChildServer:
-    """A server in a child process of its own session (tritonserver and backend stubs are its children)."""
-
-    process: subprocess.Popen
-    grpc_port: int
-    log: Path
-
-    @property
-    def url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    @classmethod
-    def launch(cls, command: list[str], grpc_port: int, log: Path, ready: str,
-               timeout_s: float = 180.0) -> ChildServer:
-        """Start `command`, output to `log`; return once `ready` is in the log (bounded)."""
-        with log.open("w") as out:
-            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                       start_new_session=True)
-        server = cls(process, grpc_port, log)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and process.poll() is None:
-            if ready in log.read_text(errors="replace"):
-                return server
-            time.sleep(0.25)
-        server.stop(timeout_s=5)
-        raise SystemExit(f"server did not start; see {log}")
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM (PyTriton stops tritonserver), then SIGKILL to the whole group if it hangs."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-                return
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)  # the group launch() started
-        except ProcessLookupError:
-            pass
-        self.process.wait(10)
-
-
-def start_null(interface: ModelInterface, log: Path, timeout_s: float = 120.0) -> ChildServer:
-    """The do-nothing model of `interface` in a child process, on free ports."""
-    grpc, http, metrics = free_ports(3)
-    command = [sys.executable, __file__, interface.model_name, str(grpc), str(http), str(metrics)]
-    return ChildServer.launch(command, grpc, log, READY, timeout_s)
 
 
 def zeros(interface: ModelInterface) -> Callable[[list], list[dict[str, np.ndarray]]]:
@@ -96,8 +40,8 @@ def zeros(interface: ModelInterface) -> Callable[[list], list[dict[str, np.ndarr
     return infer
 
 
-def serve(interface: ModelInterface, grpc_port: int, http_port: int, metrics_port: int) -> None:
-    """Host `interface`'s model answering zeros until SIGTERM; statistics stay open."""
+def serve(interface: ModelInterface, grpc_port: int, http_port: int, metrics_port: int, instances: int = 1) -> None:
+    """Host `interface`'s model (`instances` copies) answering zeros until SIGTERM; statistics stay open."""
     from hstu_replay.target.serve import PROTECTED_ENDPOINTS, _python_backend_env
 
     _python_backend_env()
@@ -112,7 +56,7 @@ def serve(interface: ModelInterface, grpc_port: int, http_port: int, metrics_por
                           grpc_port=grpc_port, metrics_address="127.0.0.1", metrics_port=metrics_port,
                           exit_on_error=True)
     with Triton(config=config, security_config=TritonSecurityConfig(restricted_endpoints=PROTECTED_ENDPOINTS)) as triton:
-        triton.bind(interface.model_name, zeros(interface),
+        triton.bind(interface.model_name, [zeros(interface) for _ in range(instances)],
                     inputs=[Tensor(name=t.name, dtype=dtypes[t.dtype], shape=t.dims) for t in interface.inputs],
                     outputs=[Tensor(name=t.name, dtype=dtypes[t.dtype], shape=t.dims) for t in interface.outputs],
                     config=ModelConfig(batching=False))
@@ -128,8 +72,9 @@ def main() -> int:
     parser.add_argument("model", choices=sorted(BY_MODEL), metavar="MODEL_NAME", help=", ".join(sorted(BY_MODEL)))
     for port in ("grpc", "http", "metrics"):
         parser.add_argument(port, type=int, help=f"{port} port")
+    parser.add_argument("--instances", type=int, default=1, help="model instances (default 1)")
     args = parser.parse_args()
-    serve(BY_MODEL[args.model], args.grpc, args.http, args.metrics)
+    serve(BY_MODEL[args.model], args.grpc, args.http, args.metrics, args.instances)
     return 0
 
 

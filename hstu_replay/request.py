@@ -2,13 +2,16 @@
 
 A batch of B users is feature-major: `lengths[f*B + b]` is the length of feature f for user b,
 and `values` concatenates feature by feature, user by user (see interface.FEATURE_KEYS).
-Building one is a handful of slices and a single `np.concatenate`: no Python loop over tokens.
+Building one is a handful of slices, no Python loop over tokens and no copy: `values` is kept as
+the pieces it is laid out from, which the transports send as they lie in memory; they are
+joined only when something asks for the whole array.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -40,6 +43,10 @@ class UserRequest:
     def key(self) -> int:
         return self.user_id if self.cache_key is None else self.cache_key
 
+    def with_key(self, key: int) -> UserRequest:
+        """The same user on cache key `key` (cheaper than dataclasses.replace on the hot path)."""
+        return UserRequest(self.user_id, self.context, self.history_items, self.history_actions, self.candidates, key)
+
     @property
     def history_length(self) -> int:
         return len(self.history_items)
@@ -57,25 +64,48 @@ class UserRequest:
 
 @dataclass(frozen=True)
 class RequestTensors:
-    """The five int64 tensors of the KV-cache model; the other interfaces take a subset."""
+    """The five int64 tensors of the KV-cache model; the other interfaces take a subset.
 
-    values: np.ndarray
+    `value_parts` are contiguous int64 arrays that, laid end to end, are `values`."""
+
+    value_parts: tuple[np.ndarray, ...]
     lengths: np.ndarray
     num_candidates: np.ndarray
     user_ids: np.ndarray
     total_history_lengths: np.ndarray
 
+    @classmethod
+    def of(cls, values: np.ndarray, lengths: np.ndarray, num_candidates: np.ndarray, user_ids: np.ndarray,
+           total_history_lengths: np.ndarray) -> RequestTensors:
+        """From whole arrays (as read from a dump or a trace)."""
+        return cls((np.ascontiguousarray(values, dtype=np.int64),), lengths, num_candidates, user_ids,
+                   total_history_lengths)
+
+    @cached_property
+    def values(self) -> np.ndarray:
+        parts = self.value_parts
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    @property
+    def num_values(self) -> int:
+        return sum(len(p) for p in self.value_parts)
+
     @property
     def batch_size(self) -> int:
         return len(self.num_candidates)
 
-    @property
+    @cached_property
     def num_logits(self) -> int:
         return int(self.num_candidates.sum())
 
     def inputs(self, interface: ModelInterface) -> dict[str, np.ndarray]:
         """The input tensors `interface` takes, by Triton input name."""
         return {name: getattr(self, field) for field, name in interface.field_to_input.items()}
+
+    def input_parts(self, interface: ModelInterface) -> list[tuple[str, tuple[np.ndarray, ...]]]:
+        """The same inputs, each as the contiguous int64 pieces that make it up, in order."""
+        return [(name, self.value_parts if field == "values" else (getattr(self, field),))
+                for field, name in interface.field_to_input.items()]
 
     @classmethod
     def from_inputs(cls, inputs: Mapping[str, np.ndarray], interface: ModelInterface) -> RequestTensors:
@@ -99,7 +129,7 @@ class RequestTensors:
                 )
         else:
             fields["total_history_lengths"] = derived
-        return cls(**fields)
+        return cls.of(**fields)
 
     def users(self) -> list[UserRequest]:
         """The per-user records this request carries (zero-copy views of `values`)."""
@@ -139,31 +169,52 @@ def check_limits(users: Sequence[UserRequest], limits: Limits = PUBLISHED_LIMITS
 
 
 def build_request(users: Sequence[UserRequest], limits: Limits = PUBLISHED_LIMITS) -> RequestTensors:
-    """Lay out `users` as one jagged batch, after checking `limits`."""
+    """Lay out `users` as one jagged batch, after checking `limits`. Plain lists for the
+    per-user numbers: at B <= 8 they are cheaper than numpy calls on tiny arrays."""
     check_limits(users, limits)
-    batch = len(users)
-    head = np.empty(NUM_CONTEXT_TOKENS * batch, dtype=np.int64)
-    head[:batch] = [u.user_id for u in users]
-    head[batch:] = np.array([u.context for u in users], dtype=np.int64).T.ravel()
     items: list[np.ndarray] = []
     actions: list[np.ndarray] = []
-    seq_lengths = np.empty(batch, dtype=np.int64)
-    num_candidates = np.empty(batch, dtype=np.int64)
-    for b, u in enumerate(users):
-        items += (u.history_items, u.candidates)
-        actions += (u.history_actions, np.zeros(len(u.candidates), dtype=np.int64))
-        num_candidates[b] = len(u.candidates)
-        seq_lengths[b] = len(u.history_items) + len(u.candidates)
-    values = np.concatenate([head, *items, *actions], dtype=np.int64, casting="same_kind")
-    lengths = np.ones(NUM_FEATURES * batch, dtype=np.int64)
-    lengths[NUM_CONTEXT_TOKENS * batch :] = np.tile(seq_lengths, 2)
+    histories, candidates, contexts = [], [], []
+    for u in users:
+        items += (_int64(u.history_items), _int64(u.candidates))
+        actions += (_int64(u.history_actions), _zeros(len(u.candidates)))
+        histories.append(len(u.history_items))
+        candidates.append(len(u.candidates))
+        contexts += u.context
+    batch = len(users)
+    head = [u.user_id for u in users] + contexts[0::NUM_CONTEXT_TOKENS - 1]
+    for f in range(1, NUM_CONTEXT_TOKENS - 1):
+        head += contexts[f :: NUM_CONTEXT_TOKENS - 1]
+    sequences = [h + c for h, c in zip(histories, candidates)]
     return RequestTensors(
-        values=values,
-        lengths=lengths,
-        num_candidates=num_candidates,
+        value_parts=(np.array(head, dtype=np.int64), *items, *actions),
+        lengths=np.array([1] * (NUM_CONTEXT_TOKENS * batch) + sequences * 2, dtype=np.int64),
+        num_candidates=np.array(candidates, dtype=np.int64),
         user_ids=np.array([u.key for u in users], dtype=np.int64),
-        total_history_lengths=NUM_CONTEXT_TOKENS + 2 * (seq_lengths - num_candidates),
+        total_history_lengths=np.array([history_tokens(h) for h in histories], dtype=np.int64),
     )
+
+
+def _int64(array: np.ndarray) -> np.ndarray:
+    """`array` as contiguous int64 (itself when it already is: no copy)."""
+    if array.dtype == _INT64 and array.flags.c_contiguous:
+        return array
+    if not np.can_cast(array.dtype, _INT64, "same_kind"):
+        raise InputError(f"cannot send {array.dtype} values as int64")
+    return np.ascontiguousarray(array, dtype=_INT64)
+
+
+_ZEROS = np.zeros(0, dtype=_INT64)
+_ZEROS.flags.writeable = False
+
+
+def _zeros(count: int) -> np.ndarray:
+    """A read-only run of `count` int64 zeros (the candidates' action slots), shared."""
+    global _ZEROS
+    if len(_ZEROS) < count:
+        _ZEROS = np.zeros(max(count, 2 * len(_ZEROS)), dtype=_INT64)
+        _ZEROS.flags.writeable = False
+    return _ZEROS[:count]
 
 
 def _split(values: np.ndarray, lengths: np.ndarray, num_candidates: np.ndarray) -> list[UserRequest]:

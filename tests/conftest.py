@@ -310,7 +310,7 @@ def oracle_servers(tmp_path_factory) -> Iterator[Callable[..., OracleHandle]]:
     every test that asks for that variant: use keys of your own and look only at records you caused."""
     if str(ROOT) not in sys.path:  # `bench` is a plain folder of the checkout
         sys.path.insert(0, str(ROOT))
-    from bench.null_model import ChildServer
+    from bench.harness import ChildServer
     from tests.oracle.server import READY
 
     started: dict[tuple[bool, int, int, int], OracleHandle] = {}

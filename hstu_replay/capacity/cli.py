@@ -41,7 +41,10 @@ def add_commands(groups) -> None:
     opt("--rate-users", default="8", help="users sending the open-loop rate steps (default %(default)s)")
     opt("--slo-p99-ms", help="SLO: p99 latency in ms (open loop: from the intended send time); required")
     opt("--slo-error-ratio", default="0.01", help="SLO: largest failure ratio (default %(default)s)")
-    opt("--target-rps", help="logical requests/s the fleet must serve: servers needed per hit ratio")
+    opt("--target-rps", help="logical requests/s the fleet must serve: servers (and Locust workers) needed "
+                             "per hit ratio")
+    opt("--worker-cpu-share", default="0.7",
+        help="share of one core a Locust worker is planned to use, for the workers needed (default %(default)s)")
     opt("--batch-size", default="1", help="users per request, 1..8 (default %(default)s)")
     opt("--step-seconds", default="10", help="measured seconds per step (default %(default)s)")
     opt("--warmup-seconds", default="2", help="warm-up seconds before each step's window (default %(default)s)")
@@ -136,6 +139,9 @@ def plan_from_args(args: argparse.Namespace):
     batch = _number("--batch-size", args.batch_size, 1, integral=True)
     if batch > 8:
         raise ConfigError(f"--batch-size {args.batch_size!r}: use 1..8")
+    share = _number("--worker-cpu-share", args.worker_cpu_share, 0.0, above=True)
+    if share > 1.0:
+        raise ConfigError(f"--worker-cpu-share {args.worker_cpu_share!r}: use a share of one core, 0..1")
     step_s = _number("--step-seconds", args.step_seconds, 0.0, above=True)
     warmup_s = _number("--warmup-seconds", args.warmup_seconds, 0.0)
     timeout_s = (warmup_s + step_s + STEP_TIMEOUT_SLACK_S if args.step_timeout is None
@@ -147,6 +153,7 @@ def plan_from_args(args: argparse.Namespace):
         step_seconds=step_s, warmup_seconds=warmup_s,
         rate_users=_number("--rate-users", args.rate_users, 1, integral=True),
         target_rps=None if args.target_rps is None else _number("--target-rps", args.target_rps, 0.0, above=True),
+        worker_cpu_share=share,
         model=args.triton_model, workload_args=_workload_args(args), locust_args=_locust_args(args.locust_args),
         metrics_url=metrics_url(args.metrics_url) if args.metrics_url else None,
         cache_metrics_url=metrics_url(args.cache_metrics_url) if args.cache_metrics_url else None,

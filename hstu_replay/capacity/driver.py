@@ -22,6 +22,7 @@ from pathlib import Path
 import hstu_replay
 from hstu_replay.capacity import metrics
 from hstu_replay.capacity.search import Measurement, RatioResult, Slo, StepResult, step_until_breach, summarize
+from hstu_replay.capacity.workers import DEFAULT_CORE_SHARE
 from hstu_replay.errors import ConfigError, ServerError
 
 LOCUSTFILE = Path(hstu_replay.__file__).resolve().parents[1] / "locustfiles" / "hstu.py"
@@ -79,6 +80,7 @@ class CapacityPlan:
     warmup_seconds: float = 2.0
     rate_users: int = 8
     target_rps: float | None = None
+    worker_cpu_share: float = DEFAULT_CORE_SHARE  # of a core, per Locust worker (capacity.workers)
     model: str = "hstu_gr_ranking_kvcache"
     workload_args: tuple[str, ...] = ()  # --workload, --dump-dir, --triton-url, ... as given
     locust_args: tuple[str, ...] = ()  # anything else, e.g. --master --expect-workers 2
@@ -161,6 +163,8 @@ def measurement_from_report(report: dict, load: float) -> Measurement:
         return b.get(f"corrected_{key}") if corrected else b.get(key)
 
     errors = report.get("errors") or {}
+    stage = (report.get("stages") or [{}])[0]
+    flags = stage.get("flags") or []
     return Measurement(
         load=load, requests=int(b.get("requests") or 0), throughput_rps=b.get("throughput_rps"),
         logical_throughput=b.get("logical_throughput"), mean_ms=latency("mean_ms"), p50_ms=latency("p50_ms"),
@@ -168,6 +172,8 @@ def measurement_from_report(report: dict, load: float) -> Measurement:
         hit_source=b.get("hit_source"), primes_per_request=b.get("primes_per_request"), server_rps=b.get("server_rps"),
         latency_basis="intended" if corrected else "sent", requested_rps=b.get("requested_rps"),
         server=b.get("server"), errors=dict(list(errors.items())[:3]) or None,
+        client_cpu_ms_per_request=stage.get("client_cpu_ms_per_request"),
+        client_bound=any(f.get("flag") == "client-bound" for f in flags),
     )
 
 

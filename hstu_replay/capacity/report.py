@@ -12,12 +12,14 @@ import html
 import io
 import math
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import hstu_replay
-from hstu_replay.capacity.driver import CapacityResult
+from hstu_replay.capacity.driver import CapacityPlan, CapacityResult
 from hstu_replay.capacity.search import RatioResult, StepResult
+from hstu_replay.capacity.workers import MASTER_NOTE, plan_workers
 from hstu_replay.report import plots
 from hstu_replay.report.html import CSS
 from hstu_replay.report.summary import NO_VALUE, format_table, jsonable
@@ -46,7 +48,8 @@ def _step(step: StepResult, out_dir: Path) -> dict:
         "requested_rps": m.requested_rps, "mean_ms": m.mean_ms, "p50_ms": m.p50_ms, "p99_ms": m.p99_ms,
         "latency_basis": m.latency_basis, "error_ratio": m.error_ratio, "achieved_ratio": m.achieved_ratio,
         "hit_source": m.hit_source, "primes_per_request": m.primes_per_request, "server_rps": m.server_rps,
-        "power": m.power, "server": m.server, "metrics": m.metrics, "errors": m.errors,
+        "power": m.power, "client_cpu_ms_per_request": m.client_cpu_ms_per_request, "client_bound": m.client_bound,
+        "server": m.server, "metrics": m.metrics, "errors": m.errors,
         "report_dir": report_dir, "returncode": m.returncode,
     }
 
@@ -58,17 +61,19 @@ def _pick(step: StepResult | None, *keys: str) -> dict | None:
     return {"load": m.load, "passed": step.passed, **{k: getattr(m, k) for k in keys}}
 
 
-def _ratio(r: RatioResult, out_dir: Path) -> dict:
+def _ratio(r: RatioResult, plan: CapacityPlan) -> dict:
     stopped = r.stopped_at
+    workers = plan_workers(r, plan.batch_size, plan.target_rps, plan.worker_cpu_share)
     return {
         "hit_ratio": r.hit_ratio,
-        "steps": [_step(s, out_dir) for s in r.steps],
+        "steps": [_step(s, plan.out_dir) for s in r.steps],
         "sustainable": _pick(r.sustainable, "throughput_rps", "logical_throughput", "p99_ms", "error_ratio",
                              "server_rps", "primes_per_request"),
         "knee": _pick(r.knee, "power", "throughput_rps", "logical_throughput", "mean_ms", "p99_ms"),
         "servers_needed": r.servers_needed,
         "hits_from": r.hits_from,
         "servers_needed_basis": SERVERS_BASIS.get(r.hits_from),
+        "workers": None if workers is None else asdict(workers),
         "stopped_at": None if stopped is None else stopped.load,
     }
 
@@ -83,11 +88,11 @@ def capacity_dict(result: CapacityResult) -> dict:
         "load": {"kind": p.load_kind.name, "unit": p.load_kind.unit, "steps": list(p.loads),
                  "rate_users": p.rate_users if p.load_kind.name == "rate" else None},
         "batch_size": p.batch_size, "step_seconds": p.step_seconds, "warmup_seconds": p.warmup_seconds,
-        "step_timeout_s": p.step_timeout_s, "target_rps": p.target_rps,
+        "step_timeout_s": p.step_timeout_s, "target_rps": p.target_rps, "worker_cpu_share": p.worker_cpu_share,
         "workload_args": list(p.workload_args), "locust_args": list(p.locust_args),
         "metrics_url": p.metrics_url, "cache_metrics_url": p.cache_metrics_url,
         "passed": not result.unsustainable, "unsustainable": result.unsustainable,
-        "ratios": [_ratio(r, p.out_dir) for r in result.ratios],
+        "ratios": [_ratio(r, p) for r in result.ratios],
     })
 
 
@@ -102,7 +107,7 @@ def _load(value: Any) -> str:
 
 
 SUMMARY_HEADER = ["hit ratio", "sustainable", "req/s", "logical/s", "server req/s", "p99 ms", "knee", "servers",
-                  "hits from", "stopped at"]
+                  "workers", "hits from", "stopped at"]
 
 #: What a ratio's fleet size means, by where its hits came from.
 SERVERS_BASIS = {
@@ -120,8 +125,33 @@ def summary_table(data: dict) -> list[list[str]]:
         rows.append([f"{r['hit_ratio']:.2f}", _load(s.get("load")), _f(s.get("throughput_rps")),
                      _f(s.get("logical_throughput")), _f(s.get("server_rps")), _f(s.get("p99_ms"), ".2f"),
                      _load(k.get("load")) + ("" if not k or k["passed"] else " (breach)"),
-                     _f(r["servers_needed"], "d"), r.get("hits_from") or NO_VALUE, _load(r["stopped_at"])])
+                     _f(r["servers_needed"], "d"), _f((r["workers"] or {}).get("workers"), "d"),
+                     r.get("hits_from") or NO_VALUE, _load(r["stopped_at"])])
     return rows
+
+
+def _rate(rps: float) -> str:
+    return f"{rps:,.0f}" if rps >= 100 else f"{rps:.3g}"
+
+
+def worker_line(data: dict, ratio: dict) -> str | None:
+    """`workers needed for 250 req/s (target 2,000 logical/s) at b8 h0.50: 1 (client CPU 0.42 ms/request,
+    70% of a core per worker)`; None where the ratio has no worker figure."""
+    w = ratio["workers"]
+    if w is None:
+        return None
+    basis = (f"target {_rate(data['target_rps'])} logical/s" if w["basis"] == "target"
+             else "one server's sustainable rate")
+    bound = "; measured in a client-bound step" if w["client_bound"] else ""
+    return (f"workers needed for {_rate(w['rate_rps'])} req/s ({basis}) at b{data['batch_size']} "
+            f"h{ratio['hit_ratio']:.2f}: {w['workers']} (client CPU {w['cpu_ms_per_request']:.3g} ms/request, "
+            f"{w['core_share']:.0%} of a core per worker{bound})")
+
+
+def worker_lines(data: dict) -> list[str]:
+    """One line per hit ratio with a worker figure, then what the master costs."""
+    lines = [line for r in data["ratios"] if (line := worker_line(data, r)) is not None]
+    return [*lines, MASTER_NOTE] if lines else []
 
 
 STEPS_HEADER = ["hit ratio", "load", "req/s", "logical/s", "p50 ms", "p99 ms", "error ratio", "achieved",
@@ -149,8 +179,8 @@ def step_line(hit_ratio: float, step: StepResult, out_dir: Path) -> str:
 # -- CSV --------------------------------------------------------------------------------------
 
 STEP_FIELDS = ["load", "passed", "requests", "throughput_rps", "logical_throughput", "requested_rps", "mean_ms",
-               "p50_ms", "p99_ms", "latency_basis", "error_ratio", "achieved_ratio", "power", "returncode",
-               "report_dir"]
+               "p50_ms", "p99_ms", "latency_basis", "error_ratio", "achieved_ratio", "power",
+               "client_cpu_ms_per_request", "client_bound", "returncode", "report_dir"]
 
 
 def _flat(prefix: str, mapping: dict | None) -> dict:
@@ -167,6 +197,7 @@ def capacity_csv(data: dict) -> str:
             rows.append({"hit_ratio": r["hit_ratio"], **{k: s[k] for k in STEP_FIELDS},
                          "breaches": "; ".join(s["breaches"]), "sustainable": s["load"] == best,
                          "knee": s["load"] == knee, "servers_needed": r["servers_needed"],
+                         "workers_needed": (r["workers"] or {}).get("workers"),
                          **_flat("server", s.get("server")), **_flat("triton", m.get("triton")),
                          **_flat("cache", m.get("cache"))})
     columns: list[str] = []
@@ -316,6 +347,7 @@ def render_html(data: dict, pngs: dict[str, bytes]) -> str:
                 ["load steps", ", ".join(_load(x) for x in data["load"]["steps"])],
                 ["batch size", data["batch_size"]], ["step seconds", data["step_seconds"]],
                 ["warm-up seconds", data["warmup_seconds"]], ["target logical requests/s", data["target_rps"]],
+                ["share of a core per Locust worker", data["worker_cpu_share"]],
                 ["workload", " ".join(data["workload_args"])], ["Locust arguments", " ".join(data["locust_args"])]]
     images = "".join(f'<img alt="{_e(n)}" src="data:image/png;base64,{base64.b64encode(b).decode("ascii")}">'
                      for n, b in pngs.items())
@@ -327,8 +359,11 @@ def render_html(data: dict, pngs: dict[str, bytes]) -> str:
         "<h2>Settings</h2>", _html_table(settings, text_cols=2),
         "<h2>Capacity per hit ratio</h2>",
         "<p>Sustainable: the SLO-passing step of highest throughput. Knee: the step of highest power "
-        "(throughput / mean latency). Servers: ceil(target / sustainable logical throughput).</p>",
+        "(throughput / mean latency). Servers: ceil(target / sustainable logical throughput). "
+        "Workers: Locust worker processes to send the target (or, without one, the sustainable rate): "
+        "ceil(requests/s x client CPU per request / share of a core per worker).</p>",
         _html_table(summary_table(data)),
+        "".join(f"<p>{_e(line)}</p>" for line in worker_lines(data)),
         images or "<p>Plots unavailable (matplotlib not installed).</p>",
         "<h2>Steps</h2>", _html_table(steps_table(data), text_last=True),
         "<h2>Server metrics per step (Prometheus deltas)</h2>",
@@ -360,5 +395,5 @@ def write_capacity(result: CapacityResult) -> dict[str, Path]:
 def format_summary(data: dict) -> str:
     notes = [f"hits from {kind}: {basis}" for kind, basis in SERVERS_BASIS.items()
              if any(r.get("hits_from") == kind for r in data["ratios"])]
-    return "\n".join([format_table(summary_table(data)), *notes])
+    return "\n".join([format_table(summary_table(data)), *notes, *worker_lines(data)])
 

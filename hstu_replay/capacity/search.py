@@ -43,6 +43,8 @@ class Measurement:
     hit_source: str | None = None  # observed (server-reported) or predicted (client model)
     primes_per_request: float | None = None  # priming requests the server also served, per measured one
     server_rps: float | None = None  # measured plus priming requests per second: the server's whole work
+    client_cpu_ms_per_request: float | None = None  # load-generator CPU per measured request (primes in it)
+    client_bound: bool = False  # the report flagged the step client-bound: the client may have been the limit
     latency_basis: str = "sent"
     requested_rps: float | None = None
     server: dict | None = None  # the report's Triton statistics split of the measured window

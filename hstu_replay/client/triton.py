@@ -2,17 +2,21 @@
 
 gRPC (default) or HTTP, TLS and extra headers (auth tokens) on either. The model's metadata is
 read once and matched against the interface registry; a model that matches none is refused
-with one line saying what was expected and what was found.
+with one line saying what was expected and what was found. Metadata and statistics go through
+tritonclient; inference goes through a transport of the protocol's (`TRANSPORTS`), which sends
+the request's buffers without copying them in Python.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import ssl
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
-from hstu_replay.errors import ConfigError, InterfaceMismatch, ServerError, ServerUnavailable
+from hstu_replay.errors import ConfigError, InterfaceMismatch, ServerError
 from hstu_replay.interface import INTERFACES, NUM_TASKS, ModelInterface, TensorSpec
 from hstu_replay.request import RequestTensors
 
@@ -45,11 +49,66 @@ class ModelBinding:
     interface: ModelInterface
     reports_hits: bool
 
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The outputs each request asks for."""
+        return (self.interface.logits_output,) + ((CACHED_TOKENS_OUTPUT,) if self.reports_hits else ())
+
 
 @dataclass(frozen=True)
 class InferResponse:
     logits: np.ndarray  # float32 [sum(num_candidates), 8]
     cached_tokens: np.ndarray | None  # int64 [B], when the server reports its hits
+    latency_s: float  # on the wire: from the request's first byte out to the answer's last byte in
+
+
+class Transport(Protocol):
+    """Sends one inference request: int64 inputs as (name, contiguous pieces); returns outputs by
+    name and the request's time on the wire (encoding and decoding left out, as perf_analyzer's)."""
+
+    def infer(self, inputs: Sequence[tuple[str, tuple[np.ndarray, ...]]],
+              outputs: Sequence[str]) -> tuple[dict[str, np.ndarray], float]: ...
+
+    def close(self) -> None: ...
+
+
+def _grpc_transport(options: ClientOptions) -> Transport:
+    import grpc
+
+    from hstu_replay.client.grpc_infer import GrpcInfer
+
+    credentials = None
+    if options.ssl:
+        roots = None
+        if options.root_certificates:
+            try:
+                with open(options.root_certificates, "rb") as f:
+                    roots = f.read()
+            except OSError as exc:
+                raise ConfigError(f"--triton-root-cert {options.root_certificates!r}: {exc.strerror}") from None
+        credentials = grpc.ssl_channel_credentials(root_certificates=roots)
+    return GrpcInfer(options.url, options.model, dict(options.headers), options.timeout_s, credentials)
+
+
+def _http_transport(options: ClientOptions) -> Transport:
+    from hstu_replay.client.http_infer import HttpInfer
+
+    host, _, port = options.url.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--triton-url {options.url!r}: give host:port")
+    context = None
+    if options.ssl:
+        try:
+            context = ssl.create_default_context(cafile=options.root_certificates or None)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"--triton-root-cert {options.root_certificates!r}: {exc}") from None
+        if options.insecure:
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    return HttpInfer(host.strip("[]"), int(port), options.model, dict(options.headers), options.timeout_s, context)
+
+
+#: protocol -> the transport its inference requests go through
+TRANSPORTS: dict[str, Callable[[ClientOptions], Transport]] = {"grpc": _grpc_transport, "http": _http_transport}
 
 
 def _specs_from_metadata(entries) -> tuple[TensorSpec, ...]:
@@ -93,7 +152,7 @@ class TritonClient:
                 )
         except Exception as exc:  # tritonclient raises assorted types for bad urls
             raise ConfigError(f"--triton-url {options.url!r}: {exc}") from None
-        self._module = module
+        self._transport = TRANSPORTS[options.protocol](options)
         self.binding: ModelBinding | None = None
 
     def connect(self) -> ModelBinding:
@@ -104,32 +163,19 @@ class TritonClient:
             raise ServerError(f"cannot read model {self.options.model!r} at {self.options.url} "
                               f"({self.options.protocol}): {_one_line(exc)}") from None
         inputs, outputs = _specs_from_metadata(meta["inputs"]), _specs_from_metadata(meta["outputs"])
-        self.binding = ModelBinding(match_interface(self.options.model, inputs, outputs),
-                                    any(t.name == CACHED_TOKENS_OUTPUT for t in outputs))
-        return self.binding
+        binding = ModelBinding(match_interface(self.options.model, inputs, outputs),
+                               any(t.name == CACHED_TOKENS_OUTPUT for t in outputs))
+        self.binding = binding
+        return binding
 
     def infer(self, tensors: RequestTensors) -> InferResponse:
-        """Send one request; raises ServerError with the server's message on failure."""
+        """Send one request; raises ServerError (ServerUnavailable when the server was not there
+        to take it) with one line on failure."""
         binding = self.binding or self.connect()
-        interface = binding.interface
-        inputs = []
-        for name, array in tensors.inputs(interface).items():
-            item = self._module.InferInput(name, list(array.shape), "INT64")
-            item.set_data_from_numpy(array)
-            inputs.append(item)
-        names = [interface.logits_output] + ([CACHED_TOKENS_OUTPUT] if binding.reports_hits else [])
-        outputs = [self._module.InferRequestedOutput(n) for n in names]
-        try:
-            if self.options.protocol == "grpc":
-                result = self._client.infer(self.options.model, inputs, outputs=outputs, headers=self._headers,
-                                            client_timeout=self.options.timeout_s)
-            else:
-                result = self._client.infer(self.options.model, inputs, outputs=outputs, headers=self._headers)
-        except Exception as exc:
-            raise (ServerUnavailable if _unavailable(exc) else ServerError)(_one_line(exc)) from None
-        logits = _output(result, interface.logits_output, (tensors.num_logits, NUM_TASKS))
+        result, seconds = self._transport.infer(tensors.input_parts(binding.interface), binding.outputs)
+        logits = _output(result, binding.interface.logits_output, (tensors.num_logits, NUM_TASKS))
         cached = _output(result, CACHED_TOKENS_OUTPUT, (tensors.batch_size,)) if binding.reports_hits else None
-        return InferResponse(logits, cached)
+        return InferResponse(logits, cached, seconds)
 
     def server_statistics(self, model: str | None = None) -> dict:
         """Triton's per-model statistics (queue/compute split) as a dict; {} if not permitted."""
@@ -141,31 +187,20 @@ class TritonClient:
 
     def close(self) -> None:
         """Close explicitly: a gRPC channel left to __del__ can hang interpreter exit."""
-        try:
-            self._client.close()
-        except Exception:
-            pass
+        for part in (self._transport, self._client):
+            try:
+                part.close()
+            except Exception:
+                pass
 
     def _as_json(self) -> dict:
         return {"as_json": True} if self.options.protocol == "grpc" else {}
 
 
-def _unavailable(exc: Exception) -> bool:
-    """Whether the server was not there to take the request (gRPC UNAVAILABLE; a refused or
-    reset HTTP connection; a server up again whose model is not loaded yet: the model was found
-    before the run started), as opposed to a request it took and failed or timed out."""
-    if isinstance(exc, (ConnectionRefusedError, ConnectionResetError, BrokenPipeError)):
-        return True
-    status = getattr(exc, "status", None)
-    if callable(status) and str(status()) in ("StatusCode.UNAVAILABLE", "StatusCode.NOT_FOUND"):
-        return True
-    return "unknown model" in str(exc)
-
-
-def _output(result, name: str, shape: tuple[int, ...]) -> np.ndarray:
+def _output(result: Mapping[str, np.ndarray], name: str, shape: tuple[int, ...]) -> np.ndarray:
     """One output of a response, checked against the shape the request implies (a malformed
     answer is a failed request, never a silently unverified one)."""
-    array = result.as_numpy(name)
+    array = result.get(name)
     if array is None:
         raise ServerError(f"response lacks output {name}")
     if array.shape != shape:

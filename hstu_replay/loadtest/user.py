@@ -111,7 +111,7 @@ class HstuUser(User):
         start = time.monotonic()
         try:
             response = self.client.infer(request)
-            outcome = Outcome(time.monotonic() - start, response.logits, response.cached_tokens)
+            outcome = Outcome(response.latency_s, response.logits, response.cached_tokens)
         except HstuReplayError as exc:
             outcome = Outcome(time.monotonic() - start, error=str(exc), refused=isinstance(exc, ServerUnavailable))
             if caches:

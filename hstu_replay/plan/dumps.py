@@ -87,10 +87,10 @@ class DumpSource:
             owner = self.dealer.holders(i) == 1  # no other step has this dumped user in flight
             book = self.held.get(i) if owner else None
             if target >= 1.0 and book is not None and book.tokens == user.total_history_length:
-                users.append(replace(user, cache_key=book.key))  # reuse: a full hit, no prime
+                users.append(user.with_key(book.key))  # reuse: a full hit, no prime
                 hits.append(book.tokens)
             else:
-                user = replace(user, cache_key=self.keys.new_key())
+                user = user.with_key(self.keys.new_key())
                 users.append(user)
                 prefix = prime_items(target, user.history_length)
                 hits.append(history_tokens(prefix) if prefix is not None else 0)

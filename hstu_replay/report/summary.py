@@ -49,6 +49,13 @@ def _speedup(baseline_ms: float | None, mean_ms: float) -> float:
     return baseline_ms / mean_ms
 
 
+def _cpu_ms_per_request(s: BinStats) -> float:
+    """Load-generator CPU (every load-generating process, not a Locust master) per measured request
+    sent, answered or not; the primes those requests needed are in it too. NaN where unsampled."""
+    sent = s.requests + s.errors
+    return s.client_cpu_s * 1e3 / sent if sent and s.client_wall_s > 0 else math.nan
+
+
 def _stage(key: BinKey, s: BinStats, rules: StageRules) -> dict:
     return {
         "name": key.name(),
@@ -68,6 +75,8 @@ def _stage(key: BinKey, s: BinStats, rules: StageRules) -> dict:
         "p99_ci_ms": list(s.latency.percentile_interval_ms(99)),
         "client_cpu_mean": _ratio(s.client_cpu_s, s.client_wall_s),
         "client_cpu_peak": s.client_cpu_peak,
+        "client_cpu_s": s.client_cpu_s,
+        "client_cpu_ms_per_request": _cpu_ms_per_request(s),
         "loop_lag_p99_ms": s.loop_lag.percentile_ms(99),
         "loop_lag_max_ms": s.loop_lag.max_us / 1e3 if s.loop_lag.total else math.nan,
         "server_down_s": s.server_down_s,

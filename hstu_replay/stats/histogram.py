@@ -4,6 +4,10 @@ Values are recorded in integer microseconds. Below 2048 us every value has its o
 above, each power of two is split into 1024 buckets, so any percentile is reported within
 0.1% of the true value. Counts are a sparse dict of ints: they serialize to JSON and add up
 across Locust workers.
+
+A latency's microseconds are rounded from its milliseconds (seconds x 1e3, the figure the
+per-request records hold as `latency_ms`), so the histogram rebuilt from records files
+(`LatencyHistogram.of_ms`) is exactly the one recorded during the run.
 """
 
 from __future__ import annotations
@@ -11,9 +15,26 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 SUB_BUCKET_BITS = 10
 _SUB = 1 << SUB_BUCKET_BITS  # 1024
+
+
+def micros_of_ms(ms: float) -> int:
+    """Whole microseconds of a latency in milliseconds (negative values count as 0)."""
+    return max(int(round(ms * 1e3)), 0)
+
+
+def micros(seconds: float) -> int:
+    """Whole microseconds of a latency in seconds, rounded from its milliseconds (see above)."""
+    return micros_of_ms(seconds * 1e3)
+
+
+def nearest_rank(q: float, total: int) -> int:
+    """The 1-based rank of the q-th percentile (0..100) of `total` values: ceil(q/100 x total),
+    at least 1, computed on the decimal q as written (99.9% of 1000 is rank 999, not 1000)."""
+    return max(1, math.ceil(Fraction(repr(float(q))) * total / 100))
 
 
 def bucket_of(value_us: int) -> int:
@@ -40,7 +61,9 @@ class LatencyHistogram:
     max_us: int = 0
 
     def record(self, seconds: float) -> None:
-        us = max(int(round(seconds * 1e6)), 0)
+        self.record_us(micros(seconds))
+
+    def record_us(self, us: int) -> None:
         b = bucket_of(us)
         self.counts[b] = self.counts.get(b, 0) + 1
         self.total += 1
@@ -62,7 +85,7 @@ class LatencyHistogram:
         """The q-th percentile (0..100), as the midpoint of its bucket (capped at the max)."""
         if not self.total:
             return math.nan
-        return self.at_rank_ms(max(1, math.ceil(q / 100 * self.total)))
+        return self.at_rank_ms(nearest_rank(q, self.total))
 
     def at_rank_ms(self, rank: int) -> float:
         """The rank-th smallest value (1-based), as the midpoint of its bucket (capped at the max)."""
@@ -101,4 +124,12 @@ class LatencyHistogram:
         h = cls()
         for s in seconds:
             h.record(s)
+        return h
+
+    @classmethod
+    def of_ms(cls, milliseconds: Iterable[float]) -> LatencyHistogram:
+        """The histogram of latencies given in milliseconds (e.g. records' `latency_ms`)."""
+        h = cls()
+        for ms in milliseconds:
+            h.record_us(micros_of_ms(ms))
         return h

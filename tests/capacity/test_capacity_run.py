@@ -91,6 +91,10 @@ def test_measurement_from_a_report():
     closed = measurement_from_report({"bins": [BIN_CLOSED], "errors": {"timeout": 2}}, 4)
     assert (closed.load, closed.p99_ms, closed.latency_basis, closed.logical_throughput) == (4, 90.0, "sent", 20.0)
     assert closed.errors == {"timeout": 2} and closed.server == {"queue_ms": 1.0}
+    assert closed.client_cpu_ms_per_request is None and closed.client_bound is False
+    stage = {"client_cpu_ms_per_request": 0.42, "flags": [{"flag": "client-bound", "reason": "busy"}]}
+    busy = measurement_from_report({"bins": [BIN_CLOSED], "stages": [stage]}, 4)
+    assert (busy.client_cpu_ms_per_request, busy.client_bound) == (0.42, True)
     opened = measurement_from_report({"bins": [dict(BIN_CLOSED, requested_rps=20.0, corrected_mean_ms=400.0,
                                                     corrected_p50_ms=300.0, corrected_p99_ms=900.0)]}, 20.0)
     assert (opened.mean_ms, opened.p50_ms, opened.p99_ms, opened.latency_basis) == (400.0, 300.0, 900.0, "intended")
@@ -105,7 +109,8 @@ def scripted(curve: dict[tuple[float, float], tuple[float, float, float]]):
         rps, mean, p99 = curve[(ratio, load)]
         return Measurement(load=load, requests=int(rps * plan.step_seconds), throughput_rps=rps,
                            logical_throughput=rps, mean_ms=mean, p50_ms=mean, p99_ms=p99, error_ratio=0.0,
-                           achieved_ratio=ratio, metrics={"triton": {"request_success": 10, "mean_queue_us": 5.0}},
+                           achieved_ratio=ratio, client_cpu_ms_per_request=10.0,
+                           metrics={"triton": {"request_success": 10, "mean_queue_us": 5.0}},
                            report_dir=str(plan.step_dir(ratio, load)))
     return run
 
@@ -128,14 +133,24 @@ def test_result_files_from_scripted_steps(tmp_path):
     assert one["sustainable"]["load"] == 2 and one["sustainable"]["logical_throughput"] == 36
     assert one["knee"]["load"] == 2 and one["knee"]["power"] == pytest.approx(36 / 0.045)
     assert one["servers_needed"] == 3  # ceil(100 / 36)
+    # 100 logical/s at batch 1 = 100 req/s x 10 ms of client CPU = 1 core; / 0.7 of a core each: 2 workers
+    assert one["workers"] == {"rate_rps": 100.0, "basis": "target", "cpu_ms_per_request": 10.0, "core_share": 0.7,
+                              "workers": 2, "client_bound": False}
+    assert zero["workers"] is None and data["worker_cpu_share"] == 0.7
+    assert one["steps"][0]["client_cpu_ms_per_request"] == 10.0
     assert one["steps"][0]["report_dir"] == "steps/h1.00_u1"
     assert one["steps"][2]["breaches"] == ["p99 130.000 ms > 100 ms"]
     rows = list(csv.DictReader((tmp_path / "capacity.csv").open()))
     assert len(rows) == 4 and rows[2]["sustainable"] == "True" and rows[2]["triton_mean_queue_us"] == "5.0"
+    assert rows[2]["workers_needed"] == "2" and rows[0]["workers_needed"] == ""
     page = written["html"].read_text()
     assert "<b>&model" not in page and "&lt;b&gt;&amp;model" in page
     table = capacity_report.format_summary(data)
     assert table.splitlines()[0].split()[:2] == ["hit", "ratio"] and "1.00" in table
+    line = ("workers needed for 100 req/s (target 100 logical/s) at b1 h1.00: 2 "
+            "(client CPU 10 ms/request, 70% of a core per worker)")
+    assert line in table.splitlines() and "a cost per report, not per request" in table
+    assert line in page
     if plots.available():
         assert (tmp_path / "capacity_p99.png").read_bytes()[:4] == b"\x89PNG"
         assert page.count("data:image/png;base64,") == 2
@@ -174,6 +189,14 @@ def test_a_real_capacity_run(triton_server, reference_dumps, tmp_path):
         best = ratio["sustainable"]
         assert best["load"] in (1, 2) and ratio["knee"] is not None
         assert ratio["servers_needed"] == math.ceil(2000 / best["logical_throughput"])
+        workers = ratio["workers"]  # to send 2000 logical/s = 250 requests/s of batch 8
+        assert (workers["basis"], workers["rate_rps"], workers["core_share"]) == ("target", 250.0, 0.7)
+        cpu = workers["cpu_ms_per_request"]
+        sustainable_step = next(s for s in ratio["steps"] if s["load"] == best["load"])
+        assert cpu == sustainable_step["client_cpu_ms_per_request"] and cpu > 0
+        assert workers["workers"] == max(1, math.ceil(250 * cpu / 1e3 / 0.7 - 1e-9))
+        assert f"workers needed for 250 req/s (target 2,000 logical/s) at b8 h{ratio['hit_ratio']:.2f}: " \
+               f"{workers['workers']} (client CPU {cpu:.3g} ms/request" in result.stdout
     zero, one = data["ratios"]
     # 100% hits come from reused keys (no priming request before each measured one), so they never
     # need more servers than a cold cache: with a prime per request they used to need more.

@@ -1,28 +1,20 @@
-"""The client's checks on what comes back: a malformed answer is a failed request, in one line."""
+"""The client's checks on what comes back, and its two transports against NVIDIA's own client on
+a real server: the same request must give the same answer, byte for byte."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from hstu_replay.client.triton import _output
-from hstu_replay.errors import ServerError
-from hstu_replay.interface import INTERFACES, KVCACHE
-
-
-class _Result:
-    """The one method of tritonclient's InferResult the check reads."""
-
-    def __init__(self, **outputs):
-        self.outputs = outputs
-
-    def as_numpy(self, name):
-        return self.outputs.get(name)
+from hstu_replay.client.triton import ClientOptions, TritonClient, _output
+from hstu_replay.errors import ServerError, ServerUnavailable
+from hstu_replay.interface import INTERFACES, KVCACHE, Limits
+from hstu_replay.request import UserRequest, build_request
 
 
 def test_an_answer_of_the_implied_shape_passes():
     logits = np.zeros((12, 8), np.float32)
-    assert _output(_Result(OUTPUT__0=logits), "OUTPUT__0", (12, 8)) is logits
+    assert _output({"OUTPUT__0": logits}, "OUTPUT__0", (12, 8)) is logits
 
 
 @pytest.mark.parametrize("outputs, message", [
@@ -32,7 +24,7 @@ def test_an_answer_of_the_implied_shape_passes():
 ])
 def test_a_missing_or_misshapen_output_is_a_server_error(outputs, message):
     with pytest.raises(ServerError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        _output(_Result(**outputs), "OUTPUT__0", (12, 8))
+        _output(outputs, "OUTPUT__0", (12, 8))
 
 
 def test_only_the_kvcache_model_is_treated_as_cached():
@@ -40,14 +32,72 @@ def test_only_the_kvcache_model_is_treated_as_cached():
     assert {name for name, i in INTERFACES.items() if i.uses_cache} == {KVCACHE.name}
 
 
-def test_a_server_that_is_not_there_is_told_apart_from_a_failed_request():
-    from tritonclient.utils import InferenceServerException
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_nothing_listening_is_unavailable_not_a_failed_request(protocol):
+    from tests.conftest import free_ports
 
-    from hstu_replay.client.triton import _unavailable
+    client = TritonClient(ClientOptions(url=f"127.0.0.1:{free_ports(1)[0]}", protocol=protocol, timeout_s=5))
+    client.binding = _binding()
+    try:
+        with pytest.raises(ServerUnavailable):
+            client.infer(_request(seed=1))
+    finally:
+        client.close()
 
-    assert _unavailable(ConnectionRefusedError(111, "Connection refused"))  # HTTP, nothing listening
-    assert _unavailable(InferenceServerException("failed to connect", status="StatusCode.UNAVAILABLE"))
-    assert _unavailable(InferenceServerException("Request for unknown model: 'm' is not found",
-                                                 status="StatusCode.NOT_FOUND"))  # back, model loading
-    assert not _unavailable(InferenceServerException("Deadline Exceeded", status="StatusCode.DEADLINE_EXCEEDED"))
-    assert not _unavailable(InferenceServerException("model failed", status="StatusCode.INTERNAL"))
+
+def _binding():
+    from hstu_replay.client.triton import ModelBinding
+
+    return ModelBinding(KVCACHE, reports_hits=False)
+
+
+def _request(seed: int, batch: int = 3, history: int = 40):
+    rng = np.random.default_rng(seed)
+    users = [UserRequest(100 + seed * 10 + b, tuple(int(x) for x in rng.integers(1, 5, 5)),
+                         rng.integers(1, 3000, history + b), rng.integers(0, 256, history + b),
+                         rng.integers(1, 3000, 4)) for b in range(batch)]
+    return build_request(users, Limits(max_history=256))
+
+
+def _tritonclient_logits(module, url: str, request) -> np.ndarray:
+    """The same request through NVIDIA's tritonclient (the independent implementation)."""
+    client = module.InferenceServerClient(url)
+    try:
+        inputs = []
+        for name, array in request.inputs(KVCACHE).items():
+            item = module.InferInput(name, list(array.shape), "INT64")
+            item.set_data_from_numpy(np.ascontiguousarray(array))
+            inputs.append(item)
+        result = client.infer(KVCACHE.model_name, inputs, outputs=[module.InferRequestedOutput("OUTPUT__0")])
+        return result.as_numpy("OUTPUT__0")
+    finally:
+        client.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_our_transport_and_tritonclient_get_the_same_answer(triton_server, protocol):
+    import tritonclient.grpc
+    import tritonclient.http
+
+    url = triton_server.grpc_url if protocol == "grpc" else triton_server.http_url
+    ours = TritonClient(ClientOptions(url=url, protocol=protocol))
+    try:
+        binding = ours.connect()
+        assert binding.interface is KVCACHE
+        for seed in range(3):  # fresh keys each time: no cache state shared between the two clients
+            request = _request(seed)
+            theirs = _tritonclient_logits(tritonclient.grpc if protocol == "grpc" else tritonclient.http, url,
+                                          _rekeyed(request, 10_000))
+            response = ours.infer(request)
+            assert response.logits.shape == (request.num_logits, 8)
+            np.testing.assert_array_equal(response.logits, theirs)
+            assert 0 < response.latency_s < 60
+    finally:
+        ours.close()
+
+
+def _rekeyed(request, offset: int):
+    from dataclasses import replace
+
+    return replace(request, user_ids=request.user_ids + offset)

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from hstu_replay.loadtest.records import read_records
+from hstu_replay.stats.histogram import LatencyHistogram
 from tests.conftest import run_distributed
 
 pytestmark = pytest.mark.integration
@@ -46,6 +47,24 @@ def test_master_merges_two_workers(triton_server, sample_store, tmp_path):
     keys = {w: {int(k) for r in records if r["worker"] == w for k in re.findall(r"key (\d+)", r["label"])}
             for w in (0, 1)}
     assert keys[0] and keys[1] and not keys[0] & keys[1]  # no cache key on two workers
+    assert_percentiles_are_those_of_the_records(report, measured)
+
+
+def assert_percentiles_are_those_of_the_records(report: dict, measured: list[dict]) -> None:
+    """Each stage's merged figures equal those recomputed from every process's records: the
+    histogram of the records' latencies gives the very same p50/p90/p99, mean and max, and each
+    lies within 0.1% (plus the half microsecond of rounding) of the exact nearest-rank value."""
+    for b in report["bins"]:
+        ms = [r["latency_ms"] for r in measured if r["stage"] == b["name"]]
+        rebuilt = LatencyHistogram.of_ms(ms)
+        assert b["requests"] == len(ms) > 0, b["name"]
+        assert (b["mean_ms"], b["max_ms"]) == (rebuilt.mean_ms, rebuilt.max_us / 1e3), b["name"]
+        ordered = sorted(ms)
+        for q in (50, 90, 99):
+            reported = b[f"p{q}_ms"]
+            assert reported == rebuilt.percentile_ms(q), (b["name"], q)
+            exact = ordered[-(-q * len(ordered) // 100) - 1]  # nearest rank: the ceil(q/100 n)-th
+            assert abs(reported - exact) <= exact / 1000 + 0.0005, (b["name"], q, reported, exact)
 
 
 def test_a_killed_worker_leaves_its_records_and_the_master_carries_on(triton_server, sample_store, tmp_path):

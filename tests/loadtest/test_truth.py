@@ -5,7 +5,8 @@ code with the tool's; it checks the wire layout of every request and records the
 found. Each Locust run here is joined request by request with that record: per stage, the
 reported achieved ratio must equal the oracle's within 0.005 and the target within
 max(0.005, one page / mean history tokens), for closed and open loop, sessions and dumps, batch
-1 and 8, one process and master + 2 workers, with and without CACHED_TOKENS.
+1 and 8, one process and master + 2 workers, with and without CACHED_TOKENS, over gRPC and HTTP
+(dump replay goes over HTTP: every byte layout the transports write is checked by the oracle).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ PAGE_TOKENS = 32
 
 
 def sweep_args(server, workload: str, data: dict, arrival: str) -> list[str]:
-    args = ["--triton-url", server.grpc_url, "--workload", workload,
+    protocol = "http" if workload == "dumps" else "grpc"
+    args = ["--triton-url", server.http_url if protocol == "http" else server.grpc_url, "--triton-protocol", protocol,
+            "--workload", workload,
             "--store" if workload == "sessions" else "--dump-dir", str(data[workload]),
             "--hit-ratios", RATIOS, "--batch-sizes", "1,8", "--stage-seconds", "2", "--warmup-seconds", "0.5",
             "--max-history", "256", "--verify-fraction", "0"]  # the oracle answers zeros

@@ -156,3 +156,14 @@ def test_distinct_target_ratios_get_distinct_bin_names():
     # two decimals used to merge 0.949 and 0.951 into one "0.95" bin
     names = {BinKey(1, r).name() for r in (0.949, 0.95, 0.951, 0.5, 1.0, 0.0)}
     assert names == {"b1_h0.949", "b1_h0.95", "b1_h0.951", "b1_h0.50", "b1_h1.00", "b1_h0.00"}
+
+
+def test_client_cpu_per_request_counts_every_measured_request_sent():
+    # 0.84 s of load-generator CPU over 1,990 answered and 10 failed requests: 0.42 ms each
+    stats = RunStats()
+    stats.bins[BinKey(8, 0.5)] = BinStats(requests=1990, errors=10, client_cpu_s=0.84, client_wall_s=10.0)
+    stats.bins[BinKey(8, 1.0)] = BinStats(requests=5)  # the client's CPU was never sampled
+    stages = {s["name"]: s for s in build_report(stats, {}, created=WHEN)["stages"]}
+    assert stages["b8_h0.50"]["client_cpu_ms_per_request"] == pytest.approx(0.42)
+    assert stages["b8_h0.50"]["client_cpu_s"] == 0.84
+    assert stages["b8_h1.00"]["client_cpu_ms_per_request"] is None

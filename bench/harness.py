@@ -1,0 +1,365 @@
+"""What the client benchmarks share: child servers, perf_analyzer, Locust runs, /proc readings, tables.
+
+Every figure of a process's cost is read from /proc/<pid>/stat (user and system CPU, minor page
+faults: all threads) over a steady window, and every request count from the server's own
+statistics (`/v2/models/<model>/stats`, successes), so that a client that claims requests it
+did not send cannot look cheap. A window opens `warm_s` after the server saw the client's
+first request and closes `seconds` later; the client is stopped after it.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from hstu_replay.interface import ModelInterface  # noqa: E402
+from hstu_replay.target.serve import free_ports  # noqa: E402
+
+BIN = Path(sys.executable).parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+NULL_MODEL = Path(__file__).resolve().parent / "null_model.py"
+NULL_READY = "null-model: ready"
+PA_DIR = ROOT / "runs" / "perf_analyzer"
+PA_BIN = PA_DIR / "perf_analyzer"
+PA_WHEEL = "tritonclient==2.51.0"
+
+
+class Unavailable(Exception):
+    """A part the benchmark needs cannot be had here (one line)."""
+
+
+# -- servers ------------------------------------------------------------------------------------
+
+@dataclass
+class ChildServer:
+    """A server in a child process of its own session (tritonserver and backend stubs are its children)."""
+
+    process: subprocess.Popen
+    grpc_port: int
+    log: Path
+    http_port: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    def url_for(self, protocol: str) -> str:
+        return self.url if protocol == "grpc" else self.http_url
+
+    @classmethod
+    def launch(cls, command: list[str], grpc_port: int, log: Path, ready: str,
+               timeout_s: float = 180.0, http_port: int | None = None) -> ChildServer:
+        """Start `command`, output to `log`; return once `ready` is in the log (bounded)."""
+        with log.open("w") as out:
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                       start_new_session=True)
+        server = cls(process, grpc_port, log, http_port)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and process.poll() is None:
+            if ready in log.read_text(errors="replace"):
+                return server
+            time.sleep(0.25)
+        server.stop(timeout_s=5)
+        raise SystemExit(f"server did not start; see {log}")
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM (PyTriton stops tritonserver), then SIGKILL to the whole group if it hangs."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+                return
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # the group launch() started
+        except ProcessLookupError:
+            pass
+        self.process.wait(10)
+
+    def successes(self, model: str) -> int:
+        """Requests the server has answered successfully so far (its statistics, over HTTP)."""
+        with urllib.request.urlopen(f"http://{self.http_url}/v2/models/{model}/stats", timeout=10) as reply:
+            stats = json.load(reply)
+        return sum(int(m["inference_stats"]["success"]["count"]) for m in stats["model_stats"])
+
+
+def start_null(interface: ModelInterface, log: Path, instances: int = 1, timeout_s: float = 120.0) -> ChildServer:
+    """The do-nothing model of `interface` (`instances` copies) in a child process, on free ports."""
+    grpc, http, metrics = free_ports(3)
+    command = [sys.executable, str(NULL_MODEL), interface.model_name, str(grpc), str(http), str(metrics),
+               "--instances", str(instances)]
+    return ChildServer.launch(command, grpc, log, NULL_READY, timeout_s, http_port=http)
+
+
+# -- readings -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProcTimes:
+    user_s: float
+    system_s: float
+    minor_faults: int
+
+    @classmethod
+    def of(cls, pid: int) -> ProcTimes:
+        """utime, stime and minflt of a whole process (all its threads)."""
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return cls(int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK, int(fields[7]))
+
+
+@dataclass(frozen=True)
+class Window:
+    """A client process over a steady window: its CPU and faults, and what the server answered."""
+
+    requests: int
+    seconds: float
+    user_s: float
+    system_s: float
+    minor_faults: int
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds else float("nan")
+
+    @property
+    def cpu_ms(self) -> float:
+        """Client CPU (user + system) per request, ms."""
+        return 1e3 * (self.user_s + self.system_s) / self.requests if self.requests else float("nan")
+
+    @property
+    def system_ms(self) -> float:
+        return 1e3 * self.system_s / self.requests if self.requests else float("nan")
+
+    @property
+    def faults(self) -> float:
+        return self.minor_faults / self.requests if self.requests else float("nan")
+
+    @property
+    def cores(self) -> float:
+        """Cores the client kept busy on average."""
+        return (self.user_s + self.system_s) / self.seconds if self.seconds else float("nan")
+
+
+def machine_load() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def measure(command: Sequence[str], server: ChildServer, model: str, log: Path, seconds: float,
+            warm_s: float = 2.0, start_timeout_s: float = 120.0, env: dict[str, str] | None = None,
+            stop_signal: int = signal.SIGINT) -> Window:
+    """Run `command` (a client) and read one steady window of it; the client is stopped after."""
+    with log.open("w") as out:
+        process = subprocess.Popen(list(command), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
+                                   start_new_session=True)
+    try:
+        begin = server.successes(model)
+        deadline = time.monotonic() + start_timeout_s
+        while server.successes(model) == begin:
+            if process.poll() is not None or time.monotonic() > deadline:
+                tail = (log.read_text(errors="replace").strip().splitlines() or ["no output"])[-1]
+                raise SystemExit(f"client sent nothing ({tail}); see {log}")
+            time.sleep(0.05)
+        time.sleep(warm_s)
+        t0, c0, n0 = time.monotonic(), ProcTimes.of(process.pid), server.successes(model)
+        time.sleep(seconds)
+        t1, c1, n1 = time.monotonic(), ProcTimes.of(process.pid), server.successes(model)
+        if process.poll() is not None:
+            raise SystemExit(f"client ended inside its window; make its run longer; see {log}")
+        return Window(n1 - n0, t1 - t0, c1.user_s - c0.user_s, c1.system_s - c0.system_s,
+                      c1.minor_faults - c0.minor_faults)
+    finally:
+        stop(process, stop_signal)
+
+
+def stop(process: subprocess.Popen, sig: int = signal.SIGINT, timeout_s: float = 60.0) -> None:
+    """Ask the client to stop (Locust writes its report on SIGINT), then kill its group if it hangs."""
+    if process.poll() is None:
+        process.send_signal(sig)
+        try:
+            process.wait(timeout_s)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(10)
+
+
+# -- the two clients ----------------------------------------------------------------------------
+
+def locust_command(url: str, protocol: str, dump_dir: Path, report_dir: Path, seconds: float,
+                   *extra: str, users: int = 1, batch: int = 8, max_values: int = 70_000) -> list[str]:
+    """The product path: `locust -f locustfiles/hstu.py` headless, replaying dumps at hit ratio 0."""
+    return [str(BIN / "locust"), "-f", "locustfiles/hstu.py", "--headless", "-u", str(users), "-r", str(users),
+            "-t", f"{int(seconds) + 30}s", "--stage-seconds", str(seconds), "--warmup-seconds", "1",
+            "--workload", "dumps", "--dump-dir", str(dump_dir), "--max-values", str(max_values),
+            "--hit-ratios", "0", "--batch-sizes", str(batch), "--triton-url", url, "--triton-protocol", protocol,
+            "--report-dir", str(report_dir), "--only-summary", *extra]
+
+
+def _site_packages() -> Path:
+    return Path(sysconfig.get_paths()["purelib"])
+
+
+def _find_library(pattern: str) -> Path:
+    sp = _site_packages()
+    for folder in (sp / "pytriton", sp / "nvidia_pytriton.libs"):
+        hits = sorted(glob.glob(str(folder / "**" / pattern), recursive=True))
+        if hits:
+            return Path(hits[0])
+    raise Unavailable(f"no {pattern} under {sp}/pytriton or nvidia_pytriton.libs (install the target extra)")
+
+
+def perf_analyzer_env() -> dict[str, str]:
+    """Download and unpack perf_analyzer 2.51 once (the tritonclient 2.51.0 wheel carries it, with
+    its libraries taken from the nvidia-pytriton wheel); returns the environment it runs with."""
+    lib = PA_DIR / "lib"
+    if not PA_BIN.exists():
+        wheels = PA_DIR / "whl"
+        found = sorted(wheels.glob("tritonclient-2.51.0-*.whl"))
+        if not found:
+            try:
+                done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", PA_WHEEL, "-d",
+                                       str(wheels)], capture_output=True, text=True, timeout=300)
+            except subprocess.TimeoutExpired:
+                raise Unavailable(f"pip download {PA_WHEEL} took over 300 s") from None
+            found = sorted(wheels.glob("tritonclient-2.51.0-*.whl"))
+            if done.returncode or not found:
+                tail = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
+                raise Unavailable(f"pip download {PA_WHEEL} failed: {tail}")
+        with zipfile.ZipFile(found[0]) as wheel:
+            member = next((n for n in wheel.namelist() if n.endswith("/bin/perf_analyzer")), None)
+            if member is None:
+                raise Unavailable(f"{found[0].name} has no bin/perf_analyzer")
+            PA_DIR.mkdir(parents=True, exist_ok=True)
+            PA_BIN.write_bytes(wheel.read(member))
+        PA_BIN.chmod(0o755)
+    lib.mkdir(parents=True, exist_ok=True)
+    for soname, pattern in (("libb64.so.0d", "libb64*.so.0d"), ("libcudart.so.12", "libcudart*.so.12*")):
+        link = lib / soname
+        if not link.exists():
+            link.unlink(missing_ok=True)  # a dangling link from another venv
+            link.symlink_to(_find_library(pattern))
+    env = dict(os.environ, LD_LIBRARY_PATH=f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}".rstrip(":"))
+    try:
+        probe = subprocess.run([str(PA_BIN), "--version"], capture_output=True, text=True, timeout=30, env=env)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise Unavailable(f"{PA_BIN} does not start: {exc}") from None
+    if probe.returncode != 0 or "analyzer" not in (probe.stdout + probe.stderr).lower():
+        tail = ((probe.stderr or probe.stdout).strip().splitlines() or [f"exit {probe.returncode}"])[-1]
+        raise Unavailable(f"{PA_BIN} does not run here: {tail}")
+    return env
+
+
+def perf_analyzer_command(url: str, protocol: str, model: str, trace: Path, stable: bool = False) -> list[str]:
+    """perf_analyzer at concurrency 1 over `trace` (its --input-data): one long window to be read
+    from outside (harness.measure), or `stable`: its own 3 s windows until three agree within 10%."""
+    windows = ["-p", "3000", "-r", "10", "-s", "10"] if stable else ["-p", "120000", "-r", "1", "-s", "100"]
+    return [str(PA_BIN), "-m", model, "-u", url, "-i", protocol, "--input-data", str(trace),
+            "--concurrency-range", "1", *windows]
+
+
+# -- output -------------------------------------------------------------------------------------
+
+def table(header: list[str], rows: list[list]) -> str:
+    def cell(value) -> str:
+        if isinstance(value, float):
+            return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.0f}"
+        return f"{value:,}" if isinstance(value, int) else str(value)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def this_command() -> str:
+    return "python " + shlex.join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
+
+
+# -- requests -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Shape:
+    """B users x (history items + candidates): the size of every request of a benchmark."""
+
+    batch: int
+    history: int
+    candidates: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.batch} x ({self.history:,} + {self.candidates})"
+
+    @property
+    def values(self) -> int:
+        return self.batch * (6 + 2 * (self.history + self.candidates))
+
+
+def shape_dumps(shape: Shape, directory: Path, batches: int = 16, seed: int = 0) -> list:
+    """NVIDIA-format dump batches of `shape` (KuaiRand-like ids; reference logits all zero, what
+    the do-nothing model answers), written once; returns the same requests as RequestTensors
+    (user ids as keys) for a perf_analyzer trace."""
+    import numpy as np
+
+    from hstu_replay.interface import FEATURE_KEYS, Limits
+    from hstu_replay.request import UserRequest, build_request
+
+    rng = np.random.default_rng(seed)
+    requests = []
+    for b in range(batches):
+        users = [UserRequest(1 + b * shape.batch + u, tuple(int(x) for x in rng.integers(1, 8, 5)),
+                             rng.integers(1, 4_400_000, shape.history), rng.integers(0, 256, shape.history),
+                             rng.integers(1, 4_400_000, shape.candidates)) for u in range(shape.batch)]
+        requests.append(build_request(users, Limits(max_values=max(shape.values, 40_000))))
+    done = directory / "complete"
+    if not done.exists():
+        from hstu_replay.dumps.writer import write_dump_batch, write_feature_keys
+
+        write_feature_keys(directory, FEATURE_KEYS)
+        for b, r in enumerate(requests):
+            write_dump_batch(directory, b, {"values": r.values, "lengths": r.lengths,
+                                            "num_candidates": r.num_candidates,
+                                            "compiled_logits": np.zeros((r.num_logits, 8), np.float32)})
+        done.write_text("ok\n")
+    return requests
+
+
+def perf_analyzer_trace(requests: list, interface: ModelInterface, path: Path) -> Path:
+    from hstu_replay.plan.perf_analyzer import TraceEntry, write_trace
+
+    if not path.exists():
+        write_trace((TraceEntry(r, False) for r in requests), interface, path)
+    return path
+
+
+def report_bin(report_dir: Path) -> dict:
+    """The one measured stage of a Locust run's report."""
+    with (report_dir / "report.json").open() as f:
+        bins = json.load(f)["bins"]
+    if len(bins) != 1:
+        raise SystemExit(f"{report_dir}/report.json has {len(bins)} stages; expected 1")
+    return bins[0]

@@ -1,0 +1,257 @@
+"""Inference over HTTP/1.1 with Triton's binary tensor extension, sent from the request's buffers.
+
+A request is a short head, a small JSON inference header, then each input's raw bytes
+(`Inference-Header-Content-Length` says where the JSON ends). The bytes go out with one
+`sendmsg` straight from the numpy pieces the request was laid out from: nothing is joined or
+copied in Python (BENCHMARKS.md, "Load generator cost", has the measurements against
+tritonclient.http and geventhttpclient, which build the body as one bytes object first). The
+response is read into one buffer of its announced size and its outputs are numpy views of it.
+
+One keep-alive connection, used by one Locust user at a time. Under Locust's monkey-patching
+the socket is gevent's, so a wait yields to the other users.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import ssl
+import time
+from collections.abc import Sequence
+from urllib.parse import quote
+
+import numpy as np
+import orjson
+
+from hstu_replay.errors import ServerError, ServerUnavailable
+
+#: Triton datatype -> numpy dtype, for the outputs the HSTU models return.
+DTYPES = {"FP32": np.dtype("<f4"), "INT64": np.dtype("<i8"), "INT32": np.dtype("<i4"), "FP16": np.dtype("<f2")}
+_HEAD_LIMIT = 64 * 1024  # a response head longer than this is not Triton's
+_IDLE_CHECK_S = 1.0  # a connection idle this long is checked for a close by the server before use
+_IOV_MAX = 512  # buffers per sendmsg call (Linux allows 1024)
+
+
+class HttpInfer:
+    def __init__(self, host: str, port: int, model: str, headers: dict[str, str], timeout_s: float,
+                 tls: ssl.SSLContext | None = None):
+        self.address, self.timeout_s, self.tls = (host, port), timeout_s, tls
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        self._head = (f"POST /v2/models/{quote(model, safe='')}/infer HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                      f"Content-Type: application/octet-stream\r\n{extra}")
+        self._outputs: dict[tuple[str, ...], list[dict]] = {}
+        self._sock: socket.socket | None = None
+        self._pending = b""  # bytes read past the last response (none with a well-behaved server)
+        self._used = 0.0  # when the connection last carried a response
+
+    def infer(self, inputs: Sequence[tuple[str, tuple[np.ndarray, ...]]],
+              outputs: Sequence[str]) -> tuple[dict[str, np.ndarray], float]:
+        """Send int64 `inputs` (name, contiguous pieces); returns the named outputs as arrays and
+        the seconds from the first byte sent to the last byte received."""
+        buffers, specs, size = [], [], 0
+        for name, parts in inputs:
+            nbytes = 0
+            for p in parts:
+                if p.nbytes:
+                    buffers.append(p)
+                    nbytes += p.nbytes
+            specs.append({"name": name, "shape": [nbytes // 8], "datatype": "INT64",
+                          "parameters": {"binary_data_size": nbytes}})
+            size += nbytes
+        wanted = self._outputs.get(tuple(outputs))
+        if wanted is None:
+            wanted = self._outputs[tuple(outputs)] = [{"name": n, "parameters": {"binary_data": True}} for n in outputs]
+        header = orjson.dumps({"inputs": specs, "outputs": wanted})
+        head = (f"{self._head}Inference-Header-Content-Length: {len(header)}\r\n"
+                f"Content-Length: {len(header) + size}\r\n\r\n").encode("latin-1")
+        start = time.monotonic()
+        sock = self._send([head, header, *buffers])
+        try:
+            status, fields, body = self._receive(sock)
+        except OSError as exc:
+            self.close()  # the connection is in an unknown state
+            raise _socket_error(exc) from None
+        except ServerError:
+            self.close()
+            raise
+        self._used = time.monotonic()
+        seconds = self._used - start
+        if fields.get("connection", "").lower() == "close":
+            self.close()
+        if status != 200:
+            raise _error(status, body)
+        return _outputs(fields, body), seconds
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+            self._sock, self._pending = None, b""
+
+    # -- connection --------------------------------------------------------------------------
+
+    def _connect(self) -> socket.socket:
+        try:
+            sock = socket.create_connection(self.address, timeout=self.timeout_s)
+        except OSError as exc:
+            raise ServerUnavailable(f"cannot connect to {self.address[0]}:{self.address[1]}: {exc}") from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.tls is not None:
+            try:
+                sock = self.tls.wrap_socket(sock, server_hostname=self.address[0])
+            except (OSError, ssl.SSLError) as exc:
+                sock.close()
+                raise ServerError(f"TLS handshake with {self.address[0]}:{self.address[1]} failed: {exc}") from None
+        return sock
+
+    def _send(self, buffers: list) -> socket.socket:
+        """Send on the open connection; when a kept-alive connection turns out closed before
+        the request went out whole, the server cannot have taken it: send once more on a new one."""
+        if self._sock is not None and time.monotonic() - self._used > _IDLE_CHECK_S and _closed_by_peer(self._sock):
+            self.close()
+        reused = self._sock is not None
+        for attempt in (0, 1):
+            if self._sock is None:
+                self._sock = self._connect()
+            try:
+                _send_all(self._sock, list(buffers))
+                return self._sock
+            except OSError as exc:
+                self.close()
+                if attempt or not reused or not isinstance(exc, (ConnectionResetError, BrokenPipeError)):
+                    raise _socket_error(exc) from None
+        raise AssertionError("unreachable")
+
+    def _receive(self, sock: socket.socket) -> tuple[int, dict[str, str], memoryview]:
+        """Status, header fields (lower-case names) and body of one response."""
+        data = bytearray(self._pending)
+        self._pending = b""
+        end = data.find(b"\r\n\r\n")
+        while end < 0:
+            if len(data) > _HEAD_LIMIT:
+                raise ServerError("response head too long")
+            chunk = _recv(sock, 65536)
+            data += chunk
+            end = data.find(b"\r\n\r\n", max(len(data) - len(chunk) - 3, 0))
+        lines = bytes(data[:end]).decode("latin-1").split("\r\n")
+        try:
+            status = int(lines[0].split(" ", 2)[1])
+        except (IndexError, ValueError):
+            raise ServerError(f"not an HTTP response: {lines[0][:80]!r}") from None
+        fields = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            fields[name.strip().lower()] = value.strip()
+        rest = memoryview(data)[end + 4 :]
+        if "chunked" in fields.get("transfer-encoding", "").lower():
+            body, extra = _read_chunked(sock, bytes(rest))
+        else:
+            try:
+                size = int(fields.get("content-length", ""))
+            except ValueError:
+                raise ServerError("response without Content-Length") from None
+            body = bytearray(size)
+            have = min(len(rest), size)
+            body[:have] = rest[:have]
+            extra = bytes(rest[size:])
+            view = memoryview(body)
+            while have < size:
+                got = sock.recv_into(view[have:], size - have)
+                if not got:
+                    raise ServerUnavailable("connection closed in the middle of a response")
+                have += got
+        self._pending = extra
+        return status, fields, memoryview(body)
+
+
+def _send_all(sock: socket.socket, buffers: list) -> None:
+    if isinstance(sock, ssl.SSLSocket):  # no scatter-gather through TLS: one write per buffer
+        for b in buffers:
+            sock.sendall(b)
+        return
+    while buffers:
+        sent = sock.sendmsg(buffers[:_IOV_MAX])
+        while sent and buffers:  # drop what went out; continue from inside a partly sent buffer
+            size = memoryview(buffers[0]).nbytes
+            if sent >= size:
+                sent -= size
+                del buffers[0]
+            else:
+                buffers[0], sent = memoryview(buffers[0]).cast("B")[sent:], 0
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """Whether an idle kept-alive connection was closed from the other end (readable with no data)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and not sock.recv(1, socket.MSG_PEEK)
+    except (OSError, ValueError):
+        return True
+
+
+def _recv(sock: socket.socket, size: int) -> bytes:
+    chunk = sock.recv(size)
+    if not chunk:
+        raise ServerUnavailable("connection closed before a response")
+    return chunk
+
+
+def _read_chunked(sock: socket.socket, data: bytes) -> tuple[bytearray, bytes]:
+    """A chunked body (RFC 9112 7.1), trailers skipped; returns it and what was read past it."""
+    body, buffer = bytearray(), bytearray(data)
+    while True:
+        while (eol := buffer.find(b"\r\n")) < 0:
+            buffer += _recv(sock, 65536)
+        size = int(bytes(buffer[:eol]).split(b";")[0], 16)
+        del buffer[: eol + 2]
+        if size == 0:
+            while (end := buffer.find(b"\r\n")) != 0:  # trailer lines until an empty one
+                if end < 0:
+                    buffer += _recv(sock, 65536)
+                else:
+                    del buffer[: end + 2]
+            return body, bytes(buffer[2:])
+        while len(buffer) < size + 2:
+            buffer += _recv(sock, max(65536, size + 2 - len(buffer)))
+        body += buffer[:size]
+        del buffer[: size + 2]
+
+
+def _outputs(fields: dict[str, str], body: memoryview) -> dict[str, np.ndarray]:
+    """The outputs of a binary-extension response: JSON header, then each output's bytes."""
+    try:
+        json_size = int(fields.get("inference-header-content-length", len(body)))
+        header = orjson.loads(body[:json_size])
+        out, offset = {}, json_size
+        for spec in header["outputs"]:
+            dtype = DTYPES[spec["datatype"]]
+            shape = tuple(int(d) for d in spec["shape"])
+            size = spec.get("parameters", {}).get("binary_data_size")
+            if size is None:  # sent as JSON numbers
+                out[spec["name"]] = np.asarray(spec["data"], dtype=dtype).reshape(shape)
+                continue
+            out[spec["name"]] = np.frombuffer(body, dtype=dtype, count=size // dtype.itemsize, offset=offset).reshape(shape)
+            offset += size
+        return out
+    except (KeyError, ValueError, TypeError, orjson.JSONDecodeError) as exc:
+        raise ServerError(f"malformed inference response: {type(exc).__name__}: {exc}") from None
+
+
+def _error(status: int, body: memoryview) -> Exception:
+    try:
+        message = str(orjson.loads(body)["error"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        message = bytes(body[:200]).decode("utf-8", "replace")
+    if status == 503 or "unknown model" in message:  # not there to take it (yet)
+        return ServerUnavailable(f"HTTP {status}: {message}")
+    return ServerError(f"HTTP {status}: {message}")
+
+
+def _socket_error(exc: OSError) -> Exception:
+    if isinstance(exc, (ConnectionRefusedError, ConnectionResetError, BrokenPipeError)):
+        return ServerUnavailable(f"connection lost: {exc}")
+    if isinstance(exc, TimeoutError):
+        return ServerError(f"timed out: {exc}")
+    return ServerError(f"{type(exc).__name__}: {exc}")
