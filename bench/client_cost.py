@@ -17,6 +17,9 @@ perf_analyzer `--input-data` trace for perf_analyzer 2.51 (from the tritonclient
    against our Locust report's p50 for the stage, same server, each protocol.
 3. Requests per second of one worker core: `--users` users against the model with as many
    instances; requests counted by the server over the cores the worker kept busy.
+4. The transports alone, each in a gevent-patched child process as in a Locust worker, one
+   request in flight over the shape's requests: tritonclient (InferInput per call, what the
+   first version sent with) against ours (`TritonClient.infer`); CPU from getrusage.
 Prints markdown tables, the commands and the machine's load. Exit 2 with one line if
 perf_analyzer cannot be obtained or run.
 """
@@ -140,6 +143,63 @@ def rate_per_core(args, pa_env) -> list[list]:
     return rows
 
 
+TRANSPORT_LOOP = """
+from gevent import monkey; monkey.patch_all()
+from grpc.experimental import gevent as grpc_gevent; grpc_gevent.init_gevent()
+import resource, sys, time
+sys.path.insert(0, {root!r})
+from bench.harness import Shape, shape_dumps
+from pathlib import Path
+from hstu_replay.client.heap import keep_freed_memory
+from hstu_replay.interface import KVCACHE
+keep_freed_memory()
+protocol, url, which, seconds = {protocol!r}, {url!r}, {which!r}, {seconds!r}
+requests = shape_dumps(Shape(*{shape!r}), Path({dumps!r}))
+if which == "ours":
+    from hstu_replay.client.triton import ClientOptions, TritonClient
+    client = TritonClient(ClientOptions(url=url, protocol=protocol)); client.connect()
+    send = lambda r: client.infer(r).logits
+else:
+    import importlib
+    module = importlib.import_module("tritonclient." + protocol)
+    client = module.InferenceServerClient(url)
+    def send(r):
+        inputs = []
+        for name, array in r.inputs(KVCACHE).items():
+            item = module.InferInput(name, list(array.shape), "INT64"); item.set_data_from_numpy(array)
+            inputs.append(item)
+        return client.infer(KVCACHE.model_name, inputs, outputs=[module.InferRequestedOutput("OUTPUT__0")]).as_numpy("OUTPUT__0")
+for r in requests: send(r)
+usage = resource.getrusage(resource.RUSAGE_SELF); t0, c0, f0 = time.monotonic(), usage.ru_utime + usage.ru_stime, usage.ru_minflt
+n = 0
+while time.monotonic() - t0 < seconds:
+    send(requests[n % len(requests)]); n += 1
+usage = resource.getrusage(resource.RUSAGE_SELF)
+print(n, time.monotonic() - t0, usage.ru_utime + usage.ru_stime - c0, usage.ru_minflt - f0, flush=True)
+import os; os._exit(0)  # a gRPC channel left to interpreter teardown can hang the exit
+"""
+
+
+def transport_loops(server, shape: Shape, args) -> list[list]:
+    """Section 4: the transports alone, in child processes."""
+    rows = []
+    dumps = OUT / f"{shape.history}x{shape.candidates}" / "dumps"
+    harness.shape_dumps(shape, dumps)
+    for protocol in args.protocols:
+        for which, name in (("tritonclient", f"tritonclient.{protocol}, InferInput per call"),
+                            ("ours", f"ours ({'sendmsg of the pieces' if protocol == 'http' else 'hand-encoded'})")):
+            code = TRANSPORT_LOOP.format(root=str(ROOT), protocol=protocol, url=server.url_for(protocol), which=which,
+                                         seconds=args.seconds, shape=(shape.batch, shape.history, shape.candidates),
+                                         dumps=str(dumps))
+            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+            if done.returncode:
+                raise SystemExit(f"transport loop failed: {done.stderr.strip()[-300:]}")
+            n, seconds, cpu, faults = done.stdout.split()
+            rows.append([shape.name, protocol, name, int(n) / float(seconds), 1e3 * float(cpu) / int(n),
+                         int(faults) / int(n)])
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=15.0, help="steady window per reading (default 15)")
@@ -148,7 +208,7 @@ def main() -> int:
     parser.add_argument("--protocols", default="http,grpc")
     parser.add_argument("--floor-seconds", type=float, default=10.0, help="our measured stage for the floor")
     parser.add_argument("--users", type=int, default=4, help="users (and model instances) for the rate per core")
-    parser.add_argument("--skip", default="", help="sections to leave out: cpu,floor,rate")
+    parser.add_argument("--skip", default="", help="sections to leave out: cpu,floor,rate,transport")
     args = parser.parse_args()
     args.protocols = args.protocols.split(",")
     skip = set(filter(None, args.skip.split(",")))
@@ -160,8 +220,11 @@ def main() -> int:
         return 2
     load_before = harness.machine_load()
     server = harness.start_null(KVCACHE, OUT / "server.log")
-    readings, floors = [], []
+    readings, floors, loops = [], [], []
     try:
+        if "transport" not in skip:
+            for key in args.shapes.split(","):
+                loops += transport_loops(server, SHAPES[key], args)
         if "cpu" not in skip:
             for key in args.shapes.split(","):
                 for protocol in args.protocols:
@@ -175,6 +238,10 @@ def main() -> int:
         server.stop()
     rates = rate_per_core(args, pa_env) if "rate" not in skip else []
     print()
+    if loops:
+        print("The transports alone (one request in flight, gevent-patched process, getrusage):\n")
+        print(harness.table(["shape", "protocol", "transport", "req/s", "CPU ms/request", "faults/request"], loops))
+        print()
     if readings:
         print("CPU per request (median over rounds; ratio per round in brackets):\n")
         print(cpu_table(readings))
