@@ -37,7 +37,8 @@ class HttpInfer:
                  tls: ssl.SSLContext | None = None):
         self.address, self.timeout_s, self.tls = (host, port), timeout_s, tls
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        self._head = (f"POST /v2/models/{quote(model, safe='')}/infer HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # IPv6 literals in brackets
+        self._head = (f"POST /v2/models/{quote(model, safe='')}/infer HTTP/1.1\r\nHost: {authority}\r\n"
                       f"Content-Type: application/octet-stream\r\n{extra}")
         self._outputs: dict[tuple[str, ...], list[dict]] = {}
         self._sock: socket.socket | None = None
