@@ -19,7 +19,8 @@ perf_analyzer `--input-data` trace for perf_analyzer 2.51 (from the tritonclient
    instances; requests counted by the server over the cores the worker kept busy.
 4. The transports alone, each in a gevent-patched child process as in a Locust worker, one
    request in flight over the shape's requests: tritonclient (InferInput per call, what the
-   first version sent with) against ours (`TritonClient.infer`); CPU from getrusage.
+   first version sent with) against ours (`TritonClient.infer`), and for gRPC grpcio sending
+   messages encoded before the loop (the floor of any gRPC client on grpcio); CPU from getrusage.
 Prints markdown tables, the commands and the machine's load. Exit 2 with one line if
 perf_analyzer cannot be obtained or run.
 """
@@ -159,6 +160,12 @@ if which == "ours":
     from hstu_replay.client.triton import ClientOptions, TritonClient
     client = TritonClient(ClientOptions(url=url, protocol=protocol)); client.connect()
     send = lambda r: client.infer(r).logits
+elif which == "grpcio":  # grpcio's own floor: each request's message encoded once, before the loop
+    import grpc
+    from hstu_replay.client.grpc_infer import METHOD, encode_request
+    call = grpc.insecure_channel(url).unary_unary(METHOD)
+    encoded = {{id(r): encode_request(KVCACHE.model_name, r.input_parts(KVCACHE), ("OUTPUT__0",)) for r in requests}}
+    send = lambda r: call(encoded[id(r)])
 else:
     import importlib
     module = importlib.import_module("tritonclient." + protocol)
@@ -186,8 +193,11 @@ def transport_loops(server, shape: Shape, args) -> list[list]:
     dumps = OUT / f"{shape.history}x{shape.candidates}" / "dumps"
     harness.shape_dumps(shape, dumps)
     for protocol in args.protocols:
-        for which, name in (("tritonclient", f"tritonclient.{protocol}, InferInput per call"),
-                            ("ours", f"ours ({'sendmsg of the pieces' if protocol == 'http' else 'hand-encoded'})")):
+        variants = [("tritonclient", f"tritonclient.{protocol}, InferInput per call"),
+                    ("ours", f"ours ({'sendmsg of the pieces' if protocol == 'http' else 'hand-encoded'})")]
+        if protocol == "grpc":
+            variants.append(("grpcio", "grpcio alone, messages encoded before the loop (its floor)"))
+        for which, name in variants:
             code = TRANSPORT_LOOP.format(root=str(ROOT), protocol=protocol, url=server.url_for(protocol), which=which,
                                          seconds=args.seconds, shape=(shape.batch, shape.history, shape.candidates),
                                          dumps=str(dumps))

@@ -7,6 +7,10 @@ from grpc.experimental import gevent as grpc_gevent
 
 grpc_gevent.init_gevent()  # before any gRPC channel exists: otherwise gRPC blocks gevent's loop
 
+from hstu_replay.client.heap import keep_freed_memory  # noqa: E402
+
+keep_freed_memory()  # request buffers are reused, not faulted in anew for each request
+
 from hstu_replay.loadtest import hooks  # noqa: E402,F401 - registers the options and listeners
 from hstu_replay.loadtest.shape import SweepShape  # noqa: E402,F401
 from hstu_replay.loadtest.user import HstuUser  # noqa: E402,F401

@@ -11,7 +11,6 @@ are. The heap then stays at its high-water mark: a few request sizes of memory.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 M_TRIM_THRESHOLD = -1  # glibc malloc.h
 M_MMAP_THRESHOLD = -3
@@ -20,10 +19,11 @@ TRIM_THRESHOLD = 256 << 20
 
 
 def keep_freed_memory() -> bool:
-    """Set glibc's thresholds for this process; False where the C library is not glibc."""
+    """Set glibc's thresholds for this process; False where the C library is not glibc. Looks
+    the function up in the running process (no library search: `ctypes.util.find_library`
+    starts a subprocess, and under gevent that lets other greenlets run in the middle of setup)."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int

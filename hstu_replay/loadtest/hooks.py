@@ -14,7 +14,6 @@ import gevent
 from locust import events
 from locust.runners import MasterRunner, WorkerRunner
 
-from hstu_replay.client.heap import keep_freed_memory
 from hstu_replay.errors import HstuReplayError
 from hstu_replay.loadtest import monitor, server_stats, webui
 from hstu_replay.loadtest.options import LoadTestConfig, register_arguments
@@ -41,7 +40,6 @@ def _arguments(parser, **_):
 
 @events.init.add_listener
 def _init(environment, **_):
-    keep_freed_memory()  # request buffers are reused, not faulted in anew for each request
     runner = environment.runner
     role = "master" if isinstance(runner, MasterRunner) else "worker" if isinstance(runner, WorkerRunner) else "local"
     if role == "worker":
