@@ -174,23 +174,35 @@ def measure(command: Sequence[str], server: ChildServer, model: str, log: Path, 
         process = subprocess.Popen(list(command), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
                                    start_new_session=True)
     try:
-        begin = server.successes(model)
-        deadline = time.monotonic() + start_timeout_s
-        while server.successes(model) == begin:
-            if process.poll() is not None or time.monotonic() > deadline:
-                tail = (log.read_text(errors="replace").strip().splitlines() or ["no output"])[-1]
-                raise SystemExit(f"client sent nothing ({tail}); see {log}")
-            time.sleep(0.05)
+        wait_for_load(server, model, process, log, start_timeout_s)
         time.sleep(warm_s)
-        t0, c0, n0 = time.monotonic(), ProcTimes.of(process.pid), server.successes(model)
-        time.sleep(seconds)
-        t1, c1, n1 = time.monotonic(), ProcTimes.of(process.pid), server.successes(model)
+        (window,) = read_windows(server, model, [process], seconds)
         if process.poll() is not None:
             raise SystemExit(f"client ended inside its window; make its run longer; see {log}")
-        return Window(n1 - n0, t1 - t0, c1.user_s - c0.user_s, c1.system_s - c0.system_s,
-                      c1.minor_faults - c0.minor_faults)
+        return window
     finally:
         stop(process, stop_signal)
+
+
+def wait_for_load(server: ChildServer, model: str, process: subprocess.Popen, log: Path, timeout_s: float) -> None:
+    """Until the server has answered a request more (bounded; exit with one line if `process` ends first)."""
+    begin, deadline = server.successes(model), time.monotonic() + timeout_s
+    while server.successes(model) == begin:
+        if process.poll() is not None or time.monotonic() > deadline:
+            tail = (log.read_text(errors="replace").strip().splitlines() or ["no output"])[-1]
+            raise SystemExit(f"no requests reached the server ({tail}); see {log}")
+        time.sleep(0.05)
+
+
+def read_windows(server: ChildServer, model: str, processes: Sequence[subprocess.Popen],
+                 seconds: float) -> list[Window]:
+    """One window of `seconds`, for each process: its CPU and faults, with the server's count of
+    the requests all of them sent in it."""
+    t0, n0, c0 = time.monotonic(), server.successes(model), [ProcTimes.of(p.pid) for p in processes]
+    time.sleep(seconds)
+    t1, n1, c1 = time.monotonic(), server.successes(model), [ProcTimes.of(p.pid) for p in processes]
+    return [Window(n1 - n0, t1 - t0, b.user_s - a.user_s, b.system_s - a.system_s, b.minor_faults - a.minor_faults)
+            for a, b in zip(c0, c1)]
 
 
 def stop(process: subprocess.Popen, sig: int = signal.SIGINT, timeout_s: float = 60.0) -> None:

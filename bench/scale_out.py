@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import harness
-from harness import BIN, ROOT, ProcTimes, Shape
+from harness import BIN, ROOT, Shape
 
 from hstu_replay.interface import KVCACHE
 from hstu_replay.loadtest.records import read_records
@@ -57,16 +57,14 @@ def run(server, n: int, args, dumps: Path) -> ScaleResult:
     (port,) = free_ports(1)
     users = n * args.users_per_worker
     stage = args.warm + args.seconds + 15
-    locust = [str(BIN / "locust"), "-f", "locustfiles/hstu.py"]
     common = ["--report-dir", str(report), "--loglevel", "WARNING"]
-    master_cmd = locust + ["--master", "--headless", "--only-summary", "--expect-workers", str(n),
-                           "--expect-workers-max-wait", "60", "--master-bind-host", "127.0.0.1",
-                           "--master-bind-port", str(port), "-u", str(users), "-r", str(users),
-                           "-t", f"{int(stage) + 60}s", "--stage-seconds", str(stage), "--warmup-seconds", "1",
-                           "--workload", "dumps", "--dump-dir", str(dumps), "--max-values", str(SHAPE.values),
-                           "--hit-ratios", "0", "--batch-sizes", str(SHAPE.batch), "--verify-fraction", "0",
-                           "--triton-url", server.url_for(args.protocol), "--triton-protocol", args.protocol, *common]
-    worker_cmd = locust + ["--worker", "--master-host", "127.0.0.1", "--master-port", str(port), *common]
+    master_cmd = harness.locust_command(server.url_for(args.protocol), args.protocol, dumps, report, stage,
+                                        "--master", "--expect-workers", str(n), "--expect-workers-max-wait", "60",
+                                        "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
+                                        "--verify-fraction", "0", "--loglevel", "WARNING",
+                                        users=users, batch=SHAPE.batch, max_values=SHAPE.values)
+    worker_cmd = [str(BIN / "locust"), "-f", "locustfiles/hstu.py", "--worker", "--master-host", "127.0.0.1",
+                  "--master-port", str(port), *common]
     logs = [OUT / f"master-{n}.log", *(OUT / f"worker-{n}-{i}.log" for i in range(n))]
     processes = []
     for command, log in zip([master_cmd] + [worker_cmd] * n, logs):
@@ -74,17 +72,9 @@ def run(server, n: int, args, dumps: Path) -> ScaleResult:
             processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT))
     master, workers = processes[0], processes[1:]
     try:
-        begin, deadline = server.successes(MODEL), time.monotonic() + 120
-        while server.successes(MODEL) == begin:
-            if master.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"no requests reached the server; see {logs[0]}")
-            time.sleep(0.1)
+        harness.wait_for_load(server, MODEL, master, logs[0], 120)
         time.sleep(args.warm)
-        t0, n0 = time.monotonic(), server.successes(MODEL)
-        c0 = [ProcTimes.of(p.pid) for p in processes]
-        time.sleep(args.seconds)
-        t1, n1 = time.monotonic(), server.successes(MODEL)
-        c1 = [ProcTimes.of(p.pid) for p in processes]
+        windows = harness.read_windows(server, MODEL, processes, args.seconds)
         if master.wait(stage + 120) != 0:
             raise SystemExit(f"master exited {master.returncode}; see {logs[0]}")
         for w in workers:
@@ -92,10 +82,10 @@ def run(server, n: int, args, dumps: Path) -> ScaleResult:
     finally:
         for p in processes:
             harness.stop(p)
-    seconds, requests = t1 - t0, n1 - n0
-    cpu = [(b.user_s + b.system_s) - (a.user_s + a.system_s) for a, b in zip(c0, c1)]
-    return ScaleResult(n, users, requests / seconds, sum(cpu[1:]) / seconds, 1e3 * sum(cpu[1:]) / requests,
-                       cpu[0] / seconds, 1e6 * cpu[0] / requests, *merged_exact(report))
+    master_w, worker_ws = windows[0], windows[1:]
+    worker_cores = sum(w.cores for w in worker_ws)
+    return ScaleResult(n, users, master_w.rps, worker_cores, 1e3 * worker_cores / master_w.rps,
+                       master_w.cores, 1e6 * master_w.cores / master_w.rps, *merged_exact(report))
 
 
 def merged_exact(report: Path) -> tuple[bool, int]:

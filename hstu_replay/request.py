@@ -78,17 +78,12 @@ class RequestTensors:
     def of(cls, values: np.ndarray, lengths: np.ndarray, num_candidates: np.ndarray, user_ids: np.ndarray,
            total_history_lengths: np.ndarray) -> RequestTensors:
         """From whole arrays (as read from a dump or a trace)."""
-        return cls((np.ascontiguousarray(values, dtype=np.int64),), lengths, num_candidates, user_ids,
-                   total_history_lengths)
+        return cls((_int64(values),), lengths, num_candidates, user_ids, total_history_lengths)
 
     @cached_property
     def values(self) -> np.ndarray:
         parts = self.value_parts
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-    @property
-    def num_values(self) -> int:
-        return sum(len(p) for p in self.value_parts)
 
     @property
     def batch_size(self) -> int:
@@ -182,8 +177,8 @@ def build_request(users: Sequence[UserRequest], limits: Limits = PUBLISHED_LIMIT
         candidates.append(len(u.candidates))
         contexts += u.context
     batch = len(users)
-    head = [u.user_id for u in users] + contexts[0::NUM_CONTEXT_TOKENS - 1]
-    for f in range(1, NUM_CONTEXT_TOKENS - 1):
+    head = [u.user_id for u in users]  # feature-major: every user's id, then each context feature
+    for f in range(NUM_CONTEXT_TOKENS - 1):
         head += contexts[f :: NUM_CONTEXT_TOKENS - 1]
     sequences = [h + c for h, c in zip(histories, candidates)]
     return RequestTensors(

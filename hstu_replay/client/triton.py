@@ -163,10 +163,9 @@ class TritonClient:
             raise ServerError(f"cannot read model {self.options.model!r} at {self.options.url} "
                               f"({self.options.protocol}): {_one_line(exc)}") from None
         inputs, outputs = _specs_from_metadata(meta["inputs"]), _specs_from_metadata(meta["outputs"])
-        binding = ModelBinding(match_interface(self.options.model, inputs, outputs),
-                               any(t.name == CACHED_TOKENS_OUTPUT for t in outputs))
-        self.binding = binding
-        return binding
+        self.binding = ModelBinding(match_interface(self.options.model, inputs, outputs),
+                                    any(t.name == CACHED_TOKENS_OUTPUT for t in outputs))
+        return self.binding
 
     def infer(self, tensors: RequestTensors) -> InferResponse:
         """Send one request; raises ServerError (ServerUnavailable when the server was not there
