@@ -23,7 +23,7 @@ from urllib.parse import quote
 import numpy as np
 import orjson
 
-from hstu_replay.errors import ServerError, ServerUnavailable
+from hstu_replay.errors import AccessDenied, ServerError, ServerUnavailable
 
 #: Triton datatype -> numpy dtype, for the outputs the HSTU models return.
 DTYPES = {"FP32": np.dtype("<f4"), "INT64": np.dtype("<i8"), "INT32": np.dtype("<i4"), "FP16": np.dtype("<f2")}
@@ -247,6 +247,8 @@ def _error(status: int, body: memoryview) -> Exception:
         message = bytes(body[:200]).decode("utf-8", "replace")
     if status == 503 or "unknown model" in message:  # not there to take it (yet)
         return ServerUnavailable(f"HTTP {status}: {message}")
+    if status in (401, 403):  # Triton's restricted APIs answer 403; an authenticating proxy 401 or 403
+        return AccessDenied(f"HTTP {status}: {message}")
     return ServerError(f"HTTP {status}: {message}")
 
 
