@@ -39,3 +39,42 @@ def make_certs(root: Path) -> Certs:
     _openssl("x509", "-req", "-in", "server.csr", "-CA", "test-ca.pem", "-CAkey", "test-ca.key", "-CAcreateserial",
              "-days", "2", "-sha256", "-extfile", "server.ext", "-out", "server.pem", cwd=root)
     return Certs(root / "test-ca.pem", root / "server.pem", root / "server.key", root / "other-ca.pem")
+
+
+SENTINEL = "sentinel-7f3a9c1e-never-logged"  # the required header's value: must appear in no log or report
+HEADER = "x-api-key"
+
+
+@dataclass(frozen=True)
+class SecureServer:
+    """The reference target with gRPC TLS, HTTPS in front of its HTTP port and a required header."""
+
+    handle: object  # tests.conftest.ServerHandle
+    https_port: int
+    certs: Certs
+
+    @property
+    def grpc_url(self) -> str:
+        return self.handle.grpc_url
+
+    @property
+    def https_url(self) -> str:
+        return f"127.0.0.1:{self.https_port}"
+
+    def url(self, protocol: str) -> str:
+        return self.grpc_url if protocol == "grpc" else self.https_url
+
+    @staticmethod
+    def headers(protocol: str, value: str = SENTINEL) -> dict[str, str]:
+        """What a client sends: Triton checks a gRPC restriction's header under its own prefix."""
+        return {("triton-grpc-protocol-" if protocol == "grpc" else "") + HEADER: value}
+
+
+def start_secure_server(repository: Path, root: Path) -> SecureServer:
+    from tests.conftest import free_ports, start_server
+
+    certs = make_certs(root / "certs")
+    (https,) = free_ports(1)
+    handle = start_server(repository, root / "server.log", "--tls-cert", str(certs.cert), "--tls-key", str(certs.key),
+                          "--https-port", str(https), "--require-header", f"{HEADER}={SENTINEL}")
+    return SecureServer(handle, https, certs)

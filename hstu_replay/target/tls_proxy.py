@@ -42,7 +42,8 @@ class TlsForwarder:
         self._listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
                                               reuse_port=False)
         self._closed = threading.Event()
-        threading.Thread(target=self._accept, name="https-accept", daemon=True).start()
+        self._acceptor = threading.Thread(target=self._accept, name="https-accept", daemon=True)
+        self._acceptor.start()
 
     def close(self) -> None:
         self._closed.set()
@@ -50,6 +51,7 @@ class TlsForwarder:
             self._listener.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+        self._acceptor.join(5)
         self._listener.close()
 
     def _accept(self) -> None:
