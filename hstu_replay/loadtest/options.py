@@ -27,7 +27,7 @@ class LoadTestConfig:
     triton_protocol: str = _opt("--triton-protocol", "grpc", "grpc or http")
     triton_model: str = _opt("--triton-model", "hstu_gr_ranking_kvcache", "Model name; its interface is detected")
     triton_ssl: bool = _opt("--triton-ssl", False, "Use TLS")
-    triton_root_cert: str = _opt("--triton-root-cert", "", "PEM root certificates for gRPC TLS")
+    triton_root_cert: str = _opt("--triton-root-cert", "", "PEM file of the CA(s) that signed the server's certificate")
     triton_headers: str = _opt("--triton-headers", "", "Extra request headers, 'name=value,name=value'", secret=True)
     triton_timeout: float = _opt("--triton-timeout", 30.0, "Seconds before a request counts as timed out")
     workload: str = _opt("--workload", "sessions", "sessions (replay a prepared store) or dumps (NVIDIA dump dir)")
