@@ -13,7 +13,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from hstu_replay.errors import ConfigError
+from hstu_replay.errors import ConfigError, InputError, LimitError
 
 DEFAULT_MODELS = "hstu_model,hstu_gr_ranking,hstu_gr_ranking_kvcache"
 SCALING_MODEL = "hstu_gr_ranking_kvcache"
@@ -90,14 +90,17 @@ def _protocol(args: argparse.Namespace) -> int:
     tolerance = _number("--tolerance", args.tolerance, float, 0)
     timeout = _number("--timeout", args.timeout, float, 0.1)
     options = ClientOptions(url=args.triton_url, protocol=args.triton_protocol, timeout_s=timeout)
-    if args.dump_dir is not None:
-        users = users_from_dumps(args.dump_dir)
-    else:
-        candidates = _number("--candidates", args.candidates, int, 1, limits.max_candidates)
-        history = _number("--max-history", args.max_history, int, 1, limits.max_history)
-        users = users_from_store(args.store, candidates, history)
     runs = [(m, backend_batch) for m in models] + [(SCALING_MODEL, b) for b in batch_sizes if b != backend_batch]
-    planned = {(m, b): make_cases(users, b, cases, limits) for m, b in runs}
+    try:  # bad data is bad input here (exit 2), found before any request
+        if args.dump_dir is not None:
+            users = users_from_dumps(args.dump_dir)
+        else:
+            candidates = _number("--candidates", args.candidates, int, 1, limits.max_candidates)
+            history = _number("--max-history", args.max_history, int, 1, limits.max_history)
+            users = users_from_store(args.store, candidates, history)
+        planned = {(m, b): make_cases(users, b, cases, limits) for m, b in runs}
+    except (InputError, LimitError) as exc:
+        raise ConfigError(str(exc)) from None
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():
         raise ConfigError(f"--out {args.out!r}: exists and is not a folder")

@@ -101,9 +101,20 @@ def batch_scaling(passes: Sequence[PassResult], model: str) -> dict:
     return {"model": model, "rows": rows}
 
 
+UNSTABLE_REPEATS = 1.5  # slowest / fastest repeated pass above this: the mean hides a one-time cost
+
+
 def flags(passes: Sequence[PassResult]) -> list[str]:
     """Reasons a figure is not what its row says it is."""
     out = []
+    repeats: dict[tuple[str, int], list[float]] = {}
+    for p in passes:
+        if p.name.startswith("repeat"):
+            repeats.setdefault((p.model, p.batch_size), []).append(p.e2e_s)
+    for (model, batch), times in repeats.items():
+        if len(times) > 1 and max(times) > UNSTABLE_REPEATS * min(times):
+            out.append(f"{model} batch {batch}: repeated passes took {min(times):.4g} .. {max(times):.4g} s "
+                       f"(a one-time cost after the single warm-up call is in the mean)")
     for p in passes:
         where = f"{p.model} batch {p.batch_size} {p.name}"
         if p.mismatches:
