@@ -23,6 +23,7 @@ COMMAND_GROUPS: dict[str, str] = {
     "plan": "hstu_replay.plan.cli",
     "capacity": "hstu_replay.capacity.cli",
     "flow": "hstu_replay.flow.cli",
+    "bench": "hstu_replay.protocol.cli",
 }
 
 

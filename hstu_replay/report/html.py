@@ -89,12 +89,13 @@ def _interval(pair: list) -> str:
 
 def _stages(stages: list[dict]) -> str:
     header = ["stage", "batch", "target", "expected", "predicted", "observed", "achieved",
-              "achieved from", "hit disagreements", "requests", "p50 95% CI ms", "p99 95% CI ms",
-              "client CPU peak", "loop lag p99 ms", "flags"]
+              "achieved from", "hit disagreements", "requests", "mean ms", "ms per logical request",
+              "p50 95% CI ms", "p99 95% CI ms", "client CPU peak", "loop lag p99 ms", "flags"]
     rows = ([s["name"], s["batch_size"], f"{s['target_ratio']:g}",
              *(NO_VALUE if s[k] is None else f"{s[k]:.3f}"
                for k in ("expected_ratio", "predicted_ratio", "observed_ratio", "achieved_ratio")),
              SOURCE_LABEL[s["hit_source"]], s["hit_disagreements"], s["requests"],
+             *(NO_VALUE if s[k] is None else f"{s[k]:.3f}" for k in ("mean_ms", "ms_per_logical_request")),
              _interval(s["p50_ci_ms"]), _interval(s["p99_ci_ms"]), f"{s['client_cpu_peak']:.0%}",
              NO_VALUE if s["loop_lag_p99_ms"] is None else f"{s['loop_lag_p99_ms']:.1f}",
              "; ".join(f"{f['flag']}: {f['reason']}" for f in s["flags"]) or "ok"] for s in stages)

@@ -67,6 +67,16 @@ def test_csv_columns_and_rows(tmp_path, report):
     assert float(rows[1]["speedup"]) == pytest.approx(2.0)
     assert rows[1]["server_queue_ms"] == "0.25" and rows[0]["server_queue_ms"] == ""
     assert rows[2]["mean_ms"] == "" and rows[2]["requests"] == "0"
+    assert header.index("ms_per_logical_request") == header.index("mean_ms") + 1
+    assert float(rows[1]["ms_per_logical_request"]) == pytest.approx(0.5)  # 0.5 ms mean, one user a request
+    assert rows[2]["ms_per_logical_request"] == ""
+
+
+def test_html_stage_table_shows_ms_per_logical_request(report):
+    page = render_html(report, {})
+    stages = page[page.index("Stages: target vs achieved"):]
+    assert "<th>ms per logical request</th>" in stages
+    assert "<td>0.500</td>" in stages  # b1_h1.00: mean 0.5 ms over 1 user
 
 
 def test_pngs_are_png_files(report):
