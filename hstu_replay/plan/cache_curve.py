@@ -16,6 +16,7 @@ rule does not follow, and the curve there is the prefix rule's figure.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,7 +68,7 @@ class CacheCurve:
 
 class _Fenwick:
     def __init__(self, n: int):
-        self.n, self.tree = n, [0] * (n + 1)
+        self.n, self.tree = n, array("q", bytes(8 * (n + 1)))  # C integers: 8 bytes a position
 
     def add(self, i: int, delta: int) -> None:
         i += 1
@@ -92,9 +93,10 @@ def cache_curve(keys: np.ndarray, tokens: np.ndarray, bounds: np.ndarray, page_t
     fen = _Fenwick(n)
     last: dict[int, int] = {}  # key -> position of its latest access
     held: dict[int, int] = {}  # key -> tokens it holds since then
-    thresholds, hits = [], []
-    keys_l, pages_l = [int(k) for k in keys], [pages_of(int(t), page_tokens) for t in tokens]
-    tokens_l = [int(t) for t in tokens]
+    thresholds, hits = array("q"), array("q")
+    tokens = np.asarray(tokens, dtype=np.int64)
+    keys_l, tokens_l = array("q", np.asarray(keys, dtype=np.int64).tobytes()), array("q", tokens.tobytes())
+    pages_l = array("q", (-(-tokens // page_tokens)).tobytes())  # cache_ledger.pages, for every access
     largest = 0
     for r in range(len(bounds) - 1):
         start, end = int(bounds[r]), int(bounds[r + 1])
@@ -112,9 +114,10 @@ def cache_curve(keys: np.ndarray, tokens: np.ndarray, bounds: np.ndarray, page_t
                 fen.add(j, -pages_of(held[key], page_tokens))
             fen.add(i, pages_l[i])
             last[key], held[key] = i, tokens_l[i]
-    order = np.argsort(np.asarray(thresholds, dtype=np.int64), kind="stable")
-    sorted_thresholds = np.asarray(thresholds, dtype=np.int64)[order]
-    cumulative = np.cumsum(np.asarray(hits, dtype=np.int64)[order])
+    thresholds, hits = np.frombuffer(thresholds, dtype=np.int64), np.frombuffer(hits, dtype=np.int64)
+    order = np.argsort(thresholds, kind="stable")
+    sorted_thresholds = thresholds[order]
+    cumulative = np.cumsum(hits[order])
     return CacheCurve(
         thresholds=sorted_thresholds, cumulative_hits=cumulative, total_tokens=int(np.sum(tokens, dtype=np.int64)),
         page_tokens=page_tokens, requests=len(bounds) - 1, accesses=n, returning=len(thresholds),
