@@ -42,6 +42,8 @@ class LoadTestConfig:
                              "(0: at --request-rate, or back to back)")
     time_slice_ms: int = _opt("--time-slice-ms", 0, "Timeline: visits in one slice of log time share a request "
                               "(up to the batch size; 0: one visit per request)")
+    timeline_shard: str = _opt("--timeline-shard", "", "Timeline: replay only shard i of n of the users "
+                               "('i/n': store index modulo n), as one of n servers would see them")
     stage_seconds: float = _opt("--stage-seconds", 10.0, "Measured seconds per stage")
     stage_requests: int = _opt("--stage-requests", 0,
                                "End a stage after this many measured requests (0: on --stage-seconds only, "
@@ -75,6 +77,20 @@ class LoadTestConfig:
         return tuple(int(x) for x in _float_list(self.batch_sizes, "--batch-sizes"))
 
     @property
+    def shard(self) -> tuple[int, int]:
+        """(i, n) of --timeline-shard; (0, 1): every user."""
+        if not self.timeline_shard:
+            return 0, 1
+        i, sep, n = str(self.timeline_shard).partition("/")
+        try:
+            shard = int(i), int(n)
+        except ValueError:
+            shard = (-1, 0)
+        if not sep or not 0 <= shard[0] < shard[1]:
+            raise ConfigError(f"--timeline-shard {self.timeline_shard!r}: give i/n with 0 <= i < n, e.g. 0/2")
+        return shard
+
+    @property
     def limits(self) -> Limits:
         return Limits(max_history=self.max_history, max_values=self.max_values)
 
@@ -98,6 +114,8 @@ class LoadTestConfig:
             raise ConfigError(f"--time-scale {self.time_scale} / --time-slice-ms {self.time_slice_ms}: use 0 or more")
         if self.time_scale > 0 and self.workload != "timeline":
             raise ConfigError("--time-scale replays the log's own times: only with --workload timeline")
+        if self.shard != (0, 1) and self.workload != "timeline":
+            raise ConfigError("--timeline-shard splits a natural replay's users: only with --workload timeline")
         if self.time_scale > 0 and self.arrival != "closed":
             raise ConfigError("--time-scale sets the send times itself: leave --arrival closed")
         if self.workload == "dumps" and not self.dump_dir:

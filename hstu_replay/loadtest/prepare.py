@@ -65,7 +65,8 @@ def prepare(config: LoadTestConfig, placement: Placement, binding: ModelBinding 
         options = WorkloadOptions(config.dump_dir if config.workload == "dumps" else config.store,
                                   config.candidates, config.limits, config.seed, placement.worker_index,
                                   placement.worker_count, config.time_scale,
-                                  config.request_rate if config.arrival != "closed" else 0.0, config.time_slice_ms)
+                                  config.request_rate if config.arrival != "closed" else 0.0, config.time_slice_ms,
+                                  config.shard)
         workload = open_workload(config.workload, options)
         workload.check(config.batches)
     ratios = config.ratios if binding.interface.uses_cache else (0.0,)  # nothing to hit: one cold stage

@@ -89,12 +89,13 @@ def group_requests(trace: Trace, slice_ms: int, batch_size: int) -> np.ndarray:
     return np.asarray(bounds, dtype=np.int64)
 
 
-def shard_trace(trace: Trace, worker_index: int, worker_count: int) -> Trace:
-    """The visits of the users a worker replays (store index modulo the worker count), so one
-    user's visits all go from one process, in order."""
-    if worker_count <= 1:
+def shard_trace(trace: Trace, index: int, count: int, stride: int = 1) -> Trace:
+    """The visits of shard `index` of `count` of the users (store index // stride, modulo count),
+    so one user's visits all go from one process, in order. A shard of a shard: `stride` is the
+    first split's count, so the second split still divides the first shard's users."""
+    if count <= 1:
         return trace
-    mine = trace.users % worker_count == worker_index
+    mine = (trace.users // stride) % count == index
     return Trace(trace.users[mine], trace.times_ms[mine], trace.starts[mine], trace.history[mine],
                  trace.candidates[mine], trace.history_cap)
 

@@ -38,6 +38,7 @@ class WorkloadOptions:
     time_scale: float = 0.0  # natural replay: log time / this; 0: by request_rate or back to back
     request_rate: float = 0.0
     slice_ms: int = 0  # natural replay: visits of one slice share a request (0: one visit each)
+    shard: tuple[int, int] = (0, 1)  # natural replay: only users i of n (store index modulo n)
 
 
 class Workload(Protocol):
@@ -149,9 +150,11 @@ class TimelineWorkload:
         if self.history_cap(batch) < 1:
             raise ConfigError(f"--max-values {o.limits.max_values}: no room for any history at batch {batch} "
                               f"with --candidates {o.candidates}")
-        trace = shard_trace(build_trace(self.store, o.candidates, o.limits, batch), o.worker_index, o.worker_count)
+        trace = shard_trace(build_trace(self.store, o.candidates, o.limits, batch), *o.shard)
+        trace = shard_trace(trace, o.worker_index, o.worker_count, stride=o.shard[1])
         if not len(trace):
-            raise ConfigError(f"--store {o.path}: no user comes back after a gap of 60 s: nothing to replay")
+            raise ConfigError(f"--store {o.path}: no user (of this shard and worker) comes back after a gap of 60 s: "
+                              "nothing to replay")
         self.timeline = Timeline(self.store, trace, group_requests(trace, o.slice_ms, batch), o.candidates,
                                  o.limits, o.time_scale, o.request_rate)
 

@@ -64,3 +64,47 @@ def test_a_store_trace_follows_every_users_visits(long_store):
         assert trace.history[mine].tolist() == [min(s, cap) for s in gaps]
         ends = gaps[1:] + [len(times)]
         assert trace.candidates[mine].tolist() == [min(e - s, 16) for s, e in zip(gaps, ends)]
+
+
+def test_shards_of_shards_split_every_user_once(long_store):
+    from hstu_replay.plan.timeline import shard_trace
+
+    trace = build_trace(SequenceStore.open(long_store), 16, Limits(max_history=256), 1)
+    for n, workers in ((1, 2), (2, 2), (3, 2), (2, 3)):
+        parts = [shard_trace(shard_trace(trace, i, n), w, workers, stride=n) for i in range(n) for w in range(workers)]
+        assert sum(len(p) for p in parts) == len(trace)
+        users = [set(p.users.tolist()) for p in parts]
+        assert all(users) and sum(len(u) for u in users) == len(set(trace.users.tolist()))
+
+
+def test_send_times_follow_the_log_scaled_or_the_rate():
+    from hstu_replay.plan.timeline import Timeline
+
+    store = _Times([0, 70_000, 140_000], [0, 100_000], [0, 110_000])
+    trace = build_trace(store, candidates=1, limits=Limits(), batch_size=1)
+    bounds = group_requests(trace, 0, 1)
+    scaled = Timeline(store, trace, bounds, 1, Limits(), time_scale=10.0)
+    assert [scaled.send_at_s(r) for r in range(4)] == [0.0, 3.0, 4.0, 7.0]  # (70, 100, 110, 140 s - 70) / 10
+    paced = Timeline(store, trace, bounds, 1, Limits(), request_rate=4.0)
+    assert [paced.send_at_s(r) for r in range(4)] == [0.0, 0.25, 0.5, 0.75]
+    assert Timeline(store, trace, bounds, 1, Limits()).send_at_s(3) is None
+
+
+def test_a_users_next_visit_waits_for_its_last_answer():
+    import gevent
+
+    from hstu_replay.plan.timeline import Timeline
+
+    store = _Times([0, 70_000, 140_000], [0, 100_000])
+    trace = build_trace(store, candidates=1, limits=Limits(), batch_size=1)
+    timeline = Timeline(store, trace, group_requests(trace, 0, 1), 1, Limits())
+    assert trace.users.tolist() == [0, 1, 0]
+    assert timeline.take() == 0 and timeline.take() == 1
+    third = gevent.spawn(timeline.take)  # user 0 again: in flight since request 0
+    gevent.sleep(0.05)
+    assert not third.ready()
+    timeline.release([1])
+    gevent.sleep(0.05)
+    assert not third.ready()
+    timeline.release([0])
+    assert third.get(timeout=1) == 2 and timeline.exhausted
