@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hstu_replay.report.plots import PLOT_NAMES
-from hstu_replay.report.summary import NO_VALUE, latency_table
+from hstu_replay.report.summary import NO_VALUE, latency_table, target_name
 
 CSS = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
@@ -91,7 +91,7 @@ def _stages(stages: list[dict]) -> str:
     header = ["stage", "batch", "target", "expected", "predicted", "observed", "achieved",
               "achieved from", "hit disagreements", "requests", "mean ms", "ms per logical request",
               "p50 95% CI ms", "p99 95% CI ms", "client CPU peak", "loop lag p99 ms", "flags"]
-    rows = ([s["name"], s["batch_size"], f"{s['target_ratio']:g}",
+    rows = ([s["name"], s["batch_size"], target_name(s["target_ratio"]),
              *(NO_VALUE if s[k] is None else f"{s[k]:.3f}"
                for k in ("expected_ratio", "predicted_ratio", "observed_ratio", "achieved_ratio")),
              SOURCE_LABEL[s["hit_source"]], s["hit_disagreements"], s["requests"],
@@ -128,6 +128,21 @@ def _errors(errors: Mapping[str, int]) -> str:
     return _table(["reason", "count"], rows, text_cols=1)
 
 
+def _natural(section: Mapping) -> tuple[str, ...]:
+    """A natural replay: the hit ratio that emerged, latency binned by it, and both over time."""
+    keys = ("requests", "hit_ratio", "mean_ms", "p50_ms", "p99_ms")
+    return (
+        "<h2>Natural replay: the hit ratio that emerged</h2>",
+        f"<p>{_e(section['requests'])} measured requests met a hit ratio of {_e(_cell(section['hit_ratio']))} "
+        f"({_e(section['hit_source'])}); every request in <code>{_e(section['requests_csv'])}</code>.</p>",
+        _table(["hit ratio", *keys], ([f"{b['from']:.1f}-{b['to']:.1f}", *(_cell(b[k]) for k in keys)]
+                                      for b in section["by_ratio"]), text_cols=1),
+        _table(["seconds", "warm-up", *keys],
+               ([f"{w['from_s']:.0f}-{w['to_s']:.0f}", "yes" if w["warmup"] else "", *(_cell(w[k]) for k in keys)]
+                for w in section["over_time"]), text_cols=2),
+    )
+
+
 def render_html(report: dict, png_bytes: Mapping[str, bytes]) -> str:
     """The whole page; `png_bytes` (file name -> PNG) may be empty when plots are unavailable."""
     run = report.get("run") or {}
@@ -142,6 +157,7 @@ def render_html(report: dict, png_bytes: Mapping[str, bytes]) -> str:
         "<h2>Latency vs hit ratio</h2>", _table(table[0], table[1:]),
         _images(png_bytes) if png_bytes else "<p>Plots unavailable (matplotlib not installed).</p>",
         "<h2>Stages: target vs achieved hit ratio</h2>", _stages(report["stages"]),
+        *(_natural(report["natural"]) if report.get("natural") else ()),
         "<h2>Verification</h2>", _verification(report),
         "<h2>Server-side figures</h2>", _server(report["bins"]),
         "<h2>Errors</h2>", _errors(report["errors"]),

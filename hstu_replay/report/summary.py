@@ -203,13 +203,18 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return NO_VALUE if value is None else f"{value:{spec}}{suffix}"
 
 
+def target_name(ratio: float | None) -> str:
+    """A stage's target ratio as shown; a natural replay's (NaN, null in JSON) has none."""
+    return "natural" if ratio is None or math.isnan(ratio) else f"{ratio:g}"
+
+
 def latency_table(report: dict) -> list[list[str]]:
     """Header plus one row per bin: latency against hit ratio, as strings."""
     rows = [list(TABLE_HEADER)]
     for b in report["bins"]:
         rows.append([
             str(b["batch_size"]),
-            f"{b['target_ratio']:g}",
+            target_name(b["target_ratio"]),
             _fmt(b["achieved_ratio"], ".3f"),
             SOURCE_MARK[b["hit_source"]],
             str(b["requests"]),
