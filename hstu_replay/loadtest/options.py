@@ -199,8 +199,9 @@ def resolve_address(host: str | None, url: str, protocol: str, ssl: bool) -> tup
 
 
 def _split_address(flag: str, text: str, protocol: str, ssl: bool) -> tuple[str, str, bool]:
-    text = text.strip().rstrip("/")
+    text = text.strip()
     scheme, sep, rest = text.partition("://")
+    rest = rest.rstrip("/")
     if not sep:
         return text, protocol, ssl
     if scheme.lower() not in SCHEMES:
