@@ -54,7 +54,7 @@ def install_login(environment, user: str, password: str) -> None:
               flush=True)
         sys.exit(ConfigError.exit_code)
     from flask import redirect, request, session, url_for
-    from flask_login import UserMixin, login_user
+    from flask_login import UserMixin, current_user, login_user
 
     class WebUser(UserMixin):
         def __init__(self, name: str):
@@ -63,6 +63,12 @@ def install_login(environment, user: str, password: str) -> None:
     web_ui.app.secret_key = secrets.token_bytes(32)  # sessions live as long as this process
     web_ui.login_manager.user_loader(lambda name: WebUser(name) if name == user else None)
     web_ui.auth_args = {"username_password_callback": LOGIN_CALLBACK, "title": "hstu-replay"}
+
+    @web_ui.app.before_request
+    def hstu_pages_need_the_login_too():  # the tab's own pages (/hstu/...), not Locust's routes
+        if request.path.startswith("/hstu/") and request.path != LOGIN_CALLBACK and not current_user.is_authenticated:
+            return redirect(url_for("locust.login"))
+        return None
 
     @web_ui.app.route(LOGIN_CALLBACK, methods=["POST"])
     def login_submit():
