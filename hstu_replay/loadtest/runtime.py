@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hstu_replay.client.triton import ModelBinding
@@ -91,6 +91,7 @@ class LoadTestRuntime:
     worker_count: int = 1
     run: ActiveRun | None = None
     binding: ModelBinding | None = None  # detected at init (headless), before any run
+    secrets: dict = field(default_factory=dict, repr=False)  # this process's own (options.take_secrets)
 
     @property
     def placement(self) -> Placement:
