@@ -41,6 +41,7 @@ def write_final_report(environment, final: bool = False) -> dict:
     thresholds = c.thresholds()  # validated before the run
     report["thresholds"] = None if thresholds.empty else verdict(evaluate(report, thresholds))
     paths = write_reports(report, Path(c.report_dir))
+    environment.hstu.run.report = report
     if final:
         print(format_table(latency_table(report)), flush=True)
         html = paths.get("html")

@@ -48,6 +48,7 @@ class ActiveRun:
         self._clients: list = []
         self._said: set[str] = set()
         self.ended = False  # set at test stop
+        self.report: dict | None = None  # the last report written (what report.json holds)
 
     def new_user_index(self) -> int:
         return next(self._users)
