@@ -2,7 +2,7 @@
 table, live while the run goes, and the live HTML report one click away.
 
 Locust's extended tab is a table fed by `extended_stats` in /stats/requests; the charts are the
-report's own SVG (report.svg), fetched from /hstu/charts and placed above that table by a small
+report's SVG charts (report/svg.py), fetched from /hstu/charts and placed above that table by a small
 script (webui_tab.js) added to Locust's page. Rows and charts come from one report object: the
 report written at the end of the run (report.json) once it ended, the live one before.
 """
