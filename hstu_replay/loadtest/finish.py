@@ -21,7 +21,7 @@ def run_metadata(environment) -> dict:
         "caches": binding.interface.uses_cache, "reports_hits": binding.reports_hits,
         "url": c.triton_url, "protocol": c.triton_protocol, "workload": c.workload,
         "source": c.store if c.workload == "sessions" else c.dump_dir,
-        "users": environment.runner.user_count if environment.runner else None,
+        "users": max(run.users, environment.runner.user_count if environment.runner else 0),
         "workers": runtime.worker_count, "role": runtime.role, "started": run.clock.started_epoch,
         "history_caps": run.prepared.history_caps(),
         "options": {k: v for k, v in vars(c).items() if k != "triton_headers"},

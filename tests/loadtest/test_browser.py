@@ -123,6 +123,7 @@ def test_a_run_from_the_form_draws_its_curve_and_stages(triton_server, reference
                 report = json.loads((report_dir / "report.json").read_text())
                 rows, points = expected_rows(report), expected_points(report)
                 assert sorted(rows) == ["b1_h0.00", "b1_h1.00", "b2_h0.00", "b2_h1.00"]
+                assert report["run"]["users"] == 2  # as typed in the form, also after the users stopped
                 assert len(points) == 4 * 3  # p50, p99 and speed-up of every stage
                 expect(page.locator("header")).to_contain_text("stopped", ignore_case=True, timeout=15_000)
                 deadline = time.monotonic() + 20  # both poll every 2 s: a few rounds to show the final report
