@@ -57,9 +57,10 @@ def charts_fragment(report: dict | None) -> str:
     if report is None:
         return "<p>No run yet.</p>"
     return ('<div style="display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start">' + "".join(charts(report))
-            + '</div><p style="margin:4px 0 12px"><a href="/hstu/report.html" target="_blank" rel="noopener">'
-            "Full report (HTML)</a> &middot; <a href=\"/hstu/report.json\" target=\"_blank\" rel=\"noopener\">"
-            "report.json</a></p>")
+            + '</div><p style="margin:4px 0 12px">'
+            '<a style="color:inherit" href="/hstu/report.html" target="_blank" rel="noopener">Full report (HTML)</a>'
+            ' &middot; <a style="color:inherit" href="/hstu/report.json" target="_blank" rel="noopener">report.json</a>'
+            "</p>")
 
 
 def install(environment) -> None:

@@ -3,7 +3,8 @@ ratio, one series per batch size.
 
 Plain strings from the report object, no dependency: the HTML report embeds them and the web
 UI's tab shows them live. Every point carries its stage and exact value (`data-*` attributes,
-a tooltip), so what a chart shows can be checked against report.json.
+a tooltip), so what a chart shows can be checked against report.json; a point of a flagged stage
+is ringed in red and names its flags.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 WIDTH, HEIGHT = 560, 320
 LEFT, RIGHT, TOP, BOTTOM = 64, 440, 36, 272  # the plot area, in pixels
 INSET = 8  # hit ratios 0 and 1 sit this far inside the plot area
+FLAG_COLOR = "#d62728"
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
@@ -23,6 +25,7 @@ class Point:
     stage: str
     x: float  # achieved hit ratio
     y: float
+    flags: tuple[str, ...] = ()  # the stage's flags (report.flags): its figures are not solid
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ def series(report: dict, key: str) -> dict[int, list[Point]]:
     for b in report["bins"]:
         x, y = b["achieved_ratio"], b[key]
         if x is not None and y is not None:
-            points.setdefault(b["batch_size"], []).append(Point(b["name"], x, y))
+            points.setdefault(b["batch_size"], []).append(Point(b["name"], x, y, tuple(b.get("flags") or ())))
     return {batch: sorted(p, key=lambda q: (q.x, q.stage)) for batch, p in sorted(points.items())}
 
 
@@ -113,14 +116,20 @@ def _line(line: Line, y_scale: Scale, color: str) -> list[str]:
     fill = 'fill="white"' if line.hollow else f'fill="{color}"'
     for p, (x, y) in zip(line.points, coords):
         tip = f"{p.stage}: batch {line.batch}, achieved hit ratio {p.x:.3f}, {line.label} {p.y:.2f}"
+        if p.flags:
+            tip += f" (flagged: {', '.join(p.flags)})"
+            parts.append(f'<circle class="flag-ring" cx="{x}" cy="{y}" r="8" fill="none" stroke="{FLAG_COLOR}" '
+                         'stroke-width="1.5"/>')
         parts.append(f'<circle class="point" data-stage="{_e(p.stage)}" data-batch="{line.batch}" '
-                     f'data-metric="{_e(line.metric)}" data-x="{p.x!r}" data-y="{p.y!r}" cx="{x}" cy="{y}" r="4" '
+                     f'data-metric="{_e(line.metric)}" data-x="{p.x!r}" data-y="{p.y!r}" '
+                     f'data-flags="{_e(",".join(p.flags))}" cx="{x}" cy="{y}" r="4" '
                      f'{fill} stroke="{color}" stroke-width="1.5"><title>{_e(tip)}</title></circle>')
     return parts
 
 
-def _legend(batches: list[int], styles: list[tuple[str, bool]]) -> list[str]:
-    """Colour names the batch size; line style (when there are several) the statistic."""
+def _legend(batches: list[int], styles: list[tuple[str, bool]], flagged: bool) -> list[str]:
+    """Colour names the batch size; line style (when there are several) the statistic; a red
+    ring a flagged stage."""
     parts = ['<g class="legend" font-size="11" fill="currentColor">']
     y = TOP + 6
     for i, batch in enumerate(batches):
@@ -136,6 +145,10 @@ def _legend(batches: list[int], styles: list[tuple[str, bool]]) -> list[str]:
                          f'stroke-width="2"{dash}/><text x="{RIGHT + 44}" y="{y}" dominant-baseline="middle">'
                          f"{_e(label)}</text>")
             y += 18
+    if flagged:
+        y += 6
+        parts.append(f'<circle cx="{RIGHT + 26}" cy="{y}" r="7" fill="none" stroke="{FLAG_COLOR}" stroke-width="1.5"/>'
+                     f'<text x="{RIGHT + 44}" y="{y}" dominant-baseline="middle">flagged stage</text>')
     parts.append("</g>")
     return parts
 
@@ -162,7 +175,7 @@ def chart(name: str, title: str, y_label: str, lines: list[Line], reference: flo
         parts += _line(line, y_scale, COLORS[batches.index(line.batch) % len(COLORS)])
     if values:
         styles = list(dict.fromkeys((line.label, line.dashed) for line in lines))
-        parts += _legend(batches, styles)
+        parts += _legend(batches, styles, any(p.flags for line in lines for p in line.points))
     else:
         parts.append(f'<text x="{(LEFT + RIGHT) / 2:.1f}" y="{(TOP + BOTTOM) / 2:.1f}" text-anchor="middle" '
                      'fill="currentColor">no measured stage yet</text>')

@@ -56,9 +56,9 @@ def expected_rows(report: dict) -> dict[str, list[str]]:
             for b in report["bins"]}
 
 
-def expected_points(report: dict) -> dict[tuple[str, str, str], tuple[float, float]]:
-    """(chart, stage, statistic) -> (achieved ratio, value) for every figure report.json has."""
-    return {(chart, b["name"], key): (b["achieved_ratio"], b[key])
+def expected_points(report: dict) -> dict[tuple[str, str, str], tuple[float, float, str]]:
+    """(chart, stage, statistic) -> (achieved ratio, value, flags) for every figure report.json has."""
+    return {(chart, b["name"], key): (b["achieved_ratio"], b[key], ",".join(b["flags"]))
             for chart, keys in CHART_KEYS.items() for key in keys for b in report["bins"]
             if b["achieved_ratio"] is not None and b[key] is not None}
 
@@ -69,12 +69,12 @@ def shown_rows(page) -> dict[str, list[str]]:
     return {row[0]: row for row in cells if row}
 
 
-def shown_points(page) -> dict[tuple[str, str, str], tuple[float, float]]:
-    return {(c["chart"], c["stage"], c["metric"]): (float(c["x"]), float(c["y"]))
+def shown_points(page) -> dict[tuple[str, str, str], tuple[float, float, str]]:
+    return {(c["chart"], c["stage"], c["metric"]): (float(c["x"]), float(c["y"]), c["flags"])
             for c in page.eval_on_selector_all(
                 "#hstu-charts svg.hstu-chart circle.point",
                 "els => els.map(e => ({chart: e.closest('svg').dataset.chart, stage: e.dataset.stage, "
-                "metric: e.dataset.metric, x: e.dataset.x, y: e.dataset.y}))")}
+                "metric: e.dataset.metric, x: e.dataset.x, y: e.dataset.y, flags: e.dataset.flags}))")}
 
 
 def test_a_run_from_the_form_draws_its_curve_and_stages(triton_server, reference_dumps, tmp_path):
@@ -93,7 +93,8 @@ def test_a_run_from_the_form_draws_its_curve_and_stages(triton_server, reference
         locust_command("--web-host", "127.0.0.1", "--web-port", str(port), "--loglevel", "WARNING",
                        "--triton-url", triton_server.grpc_url, "--workload", "dumps", "--dump-dir", str(reference_dumps),
                        "--hit-ratios", "0,1.0", "--batch-sizes", "1,2", "--stage-seconds", "3", "--warmup-seconds", "0.5",
-                       "--max-history", "256", "--report-dir", str(report_dir)),
+                       "--max-history", "256", "--report-dir", str(report_dir),
+                       "--min-stage-requests", "1000000"),  # every stage thin: flags shown in rows and charts
         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     screenshot = tmp_path / "web-ui-hit-ratio-tab.png"
     try:
@@ -125,6 +126,7 @@ def test_a_run_from_the_form_draws_its_curve_and_stages(triton_server, reference
                 assert sorted(rows) == ["b1_h0.00", "b1_h1.00", "b2_h0.00", "b2_h1.00"]
                 assert report["run"]["users"] == 2  # as typed in the form, also after the users stopped
                 assert len(points) == 4 * 3  # p50, p99 and speed-up of every stage
+                assert all("thin" in [f["flag"] for f in stage["flags"]] for stage in report["stages"])
                 expect(page.locator("header")).to_contain_text("stopped", ignore_case=True, timeout=15_000)
                 deadline = time.monotonic() + 20  # both poll every 2 s: a few rounds to show the final report
                 while (shown_rows(page), shown_points(page)) != (rows, points) and time.monotonic() < deadline:

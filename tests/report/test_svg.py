@@ -92,3 +92,17 @@ def test_names_are_escaped():
     chart = svg.latency_chart({"bins": [_bin(evil, 1, 0.5, 1.0, 2.0)]})
     assert "<script>" not in chart
     assert {p["data-stage"] for p in _points(chart)} == {evil}
+
+
+def test_a_flagged_stage_is_ringed_and_named():
+    flagged = dict(_bin("b1_h0.50", 1, 0.4, 7.0, 9.0, 1.5), flags=["thin", "off-target"])
+    report = {"bins": [dict(_bin("b1_h0.00", 1, 0.0, 10.0, 20.0, 1.0), flags=[]), flagged]}
+    root = ET.fromstring(svg.latency_chart(report))
+    points = {(c.get("data-stage"), c.get("data-metric")): c for c in root.iterfind(".//s:circle[@class='point']", NS)}
+    rings = {(c.get("cx"), c.get("cy")) for c in root.iterfind(".//s:circle[@class='flag-ring']", NS)}
+    assert {k: c.get("data-flags") for k, c in points.items()} == {
+        ("b1_h0.00", "p50_ms"): "", ("b1_h0.00", "p99_ms"): "",
+        ("b1_h0.50", "p50_ms"): "thin,off-target", ("b1_h0.50", "p99_ms"): "thin,off-target"}
+    assert rings == {(points["b1_h0.50", m].get("cx"), points["b1_h0.50", m].get("cy")) for m in ("p50_ms", "p99_ms")}
+    assert points["b1_h0.50", "p50_ms"].find("s:title", NS).text.endswith("p50 ms 7.00 (flagged: thin, off-target)")
+    assert "flagged stage" in "".join(root.find(".//s:g[@class='legend']", NS).itertext())
