@@ -91,9 +91,10 @@ def test_a_run_from_the_form_draws_its_curve_and_stages(triton_server, reference
     # the options on the command line pre-fill the form; only users and spawn rate are typed in
     process = subprocess.Popen(
         locust_command("--web-host", "127.0.0.1", "--web-port", str(port), "--loglevel", "WARNING",
-                       "--triton-url", triton_server.grpc_url, "--workload", "dumps", "--dump-dir", str(reference_dumps),
-                       "--hit-ratios", "0,1.0", "--batch-sizes", "1,2", "--stage-seconds", "3", "--warmup-seconds", "0.5",
-                       "--max-history", "256", "--report-dir", str(report_dir),
+                       "--triton-url", triton_server.grpc_url, "--workload", "dumps",
+                       "--dump-dir", str(reference_dumps), "--hit-ratios", "0,1.0", "--batch-sizes", "1,2",
+                       "--stage-seconds", "3", "--warmup-seconds", "0.5", "--max-history", "256",
+                       "--report-dir", str(report_dir),
                        "--min-stage-requests", "1000000"),  # every stage thin: flags shown in rows and charts
         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     screenshot = tmp_path / "web-ui-hit-ratio-tab.png"

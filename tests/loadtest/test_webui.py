@@ -84,7 +84,8 @@ def test_tab_rows_carry_target_provenance_and_flag_reasons():
 
     report = {"bins": [bin_("b8_h0.50", 0.5, 0.4567, "predicted"), bin_("b8_h1.00", 1.0, 1.0, "observed")],
               "stages": [{"name": "b8_h0.50", "flags": [{"flag": "thin", "reason": "3 measured requests < 30"},
-                                                        {"flag": "off-target", "reason": "0.457 is 0.043 away"}]},
+                                                        {"flag": "off-target",
+                                                         "reason": "0.457 is 0.043 away"}]},
                          {"name": "b8_h1.00", "flags": []}]}
     first, second = rows(report)
     assert (first["bin"], first["batch"], first["target"], first["achieved"], first["source"]) == (

@@ -66,7 +66,7 @@ def test_points_carry_exact_values_and_a_tooltip():
 def test_p99_is_dashed_and_each_batch_has_its_colour():
     report = {"bins": [_bin("b1_h0.00", 1, 0.0, 1.0, 2.0), _bin("b8_h0.00", 8, 0.0, 3.0, 4.0)]}
     root = ET.fromstring(svg.latency_chart(report))
-    lines = {(ln.get("data-batch"), ln.get("data-metric")): ln for ln in root.iter("{http://www.w3.org/2000/svg}polyline")}
+    lines = {(ln.get("data-batch"), ln.get("data-metric")): ln for ln in root.iterfind(".//s:polyline", NS)}
     assert lines[("1", "p99_ms")].get("stroke-dasharray") and not lines[("1", "p50_ms")].get("stroke-dasharray")
     assert lines[("1", "p50_ms")].get("stroke") == lines[("1", "p99_ms")].get("stroke") == svg.COLORS[0]
     assert lines[("8", "p50_ms")].get("stroke") == svg.COLORS[1]
