@@ -21,7 +21,7 @@ def run_metadata(environment) -> dict:
         "caches": binding.interface.uses_cache, "reports_hits": binding.reports_hits,
         "url": c.triton_url, "protocol": c.triton_protocol, "workload": c.workload,
         "source": c.dump_dir if c.workload == "dumps" else c.store,
-        "users": environment.runner.user_count if environment.runner else None,
+        "users": max(run.users, environment.runner.user_count if environment.runner else 0),
         "workers": runtime.worker_count, "role": runtime.role, "started": run.clock.started_epoch,
         "history_caps": run.prepared.history_caps(),
         "options": {k: v for k, v in vars(c).items() if k != "triton_headers"},
@@ -48,6 +48,7 @@ def write_final_report(environment, final: bool = False) -> dict:
         report["natural"] = natural_section(records)
         write_natural_csv(records, Path(c.report_dir))
     paths = write_reports(report, Path(c.report_dir))
+    environment.hstu.run.report = report
     if final:
         print(format_table(latency_table(report)), flush=True)
         html = paths.get("html")

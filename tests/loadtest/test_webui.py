@@ -71,3 +71,26 @@ def test_a_rerun_from_the_web_ui_starts_clean(triton_server, reference_dumps, tm
     assert not {k for r in first for k in r["keys"]} & {k for r in second for k in r["keys"]}
     report = json.loads((tmp_path / "second" / "report.json").read_text())
     assert sum(b["requests"] for b in report["bins"]) == sum(r["kind"] == "measure" for r in second)
+
+
+def test_tab_rows_carry_target_provenance_and_flag_reasons():
+    from hstu_replay.loadtest.webui import rows
+
+    def bin_(name, target, achieved, source):
+        return {"name": name, "batch_size": 8, "target_ratio": target, "achieved_ratio": achieved,
+                "hit_source": source, "requests": 3, "prime_requests": 2, "throughput_rps": 1.25,
+                "server_rps": 2.5, "mean_ms": 10.0, "p50_ms": 9.996, "p99_ms": None, "speedup": None,
+                "mismatches": 0}
+
+    report = {"bins": [bin_("b8_h0.50", 0.5, 0.4567, "predicted"), bin_("b8_h1.00", 1.0, 1.0, "observed")],
+              "stages": [{"name": "b8_h0.50", "flags": [{"flag": "thin", "reason": "3 measured requests < 30"},
+                                                        {"flag": "off-target",
+                                                         "reason": "0.457 is 0.043 away"}]},
+                         {"name": "b8_h1.00", "flags": []}]}
+    first, second = rows(report)
+    assert (first["bin"], first["batch"], first["target"], first["achieved"], first["source"]) == (
+        "b8_h0.50", 8, "0.5", "0.457", "client cache model (predicted)")
+    assert (first["rps"], first["server_rps"], first["p50"], first["p99"], first["speedup"]) == (
+        "1.2", "2.5", "10.00", "", "")  # 1.25 rounds half to even; null figures stay empty
+    assert first["flags"] == "thin: 3 measured requests < 30; off-target: 0.457 is 0.043 away"
+    assert (second["source"], second["flags"]) == ("server-reported (observed)", "ok")
