@@ -191,7 +191,12 @@ def run_l0(options: L0Options) -> tuple[int, FlowRecord]:
         with _sigterm_as_interrupt():
             try:
                 _prepare(options, layout, record)
-                server = _start_server(options, layout, record)
+                server = _server(options, layout)
+                with _step(record, "serve"):
+                    server.start()
+                    record.facts["server"] = {"pid": server.process.pid, "ports": vars(server.ports),
+                                              "log": str(server.log)}
+                    _wait_ready(options, server, record)
                 _replay(options, layout, server, record)
                 record.status = "pass"
             finally:
@@ -266,23 +271,24 @@ def _synthetic_store(layout: Layout, seed: int) -> Path:
     return layout.data / "store"
 
 
-def _start_server(options: L0Options, layout: Layout, record: FlowRecord) -> ServerProcess:
-    from hstu_replay.interface import KVCACHE
+def _server(options: L0Options, layout: Layout) -> ServerProcess:
+    """The server process, not started yet."""
     from hstu_replay.target.serve import free_ports
 
     ports = options.ports or Ports(*free_ports(4))
-    with _step(record, "serve"):
-        server = ServerProcess.start(layout.repository, layout.logs / "server.log", ports, "--config", options.config,
-                                     "--seed", str(options.seed), "--device", options.device,
-                                     "--threads", str(options.threads))
-        record.facts["server"] = {"pid": server.process.pid, "ports": vars(ports), "log": str(server.log)}
-        try:
-            ready = server.wait_ready(KVCACHE.model_name, options.ready_timeout_s)
-        except StartFailed as exc:
-            _teardown(server, record)
-            raise FlowFailed(str(exc)) from None
-        record.facts["server"]["ready_seconds"] = round(ready, 3)
-    return server
+    return ServerProcess.of_target(layout.repository, layout.logs / "server.log", ports, "--config", options.config,
+                                   "--seed", str(options.seed), "--device", options.device,
+                                   "--threads", str(options.threads))
+
+
+def _wait_ready(options: L0Options, server: ServerProcess, record: FlowRecord) -> None:
+    from hstu_replay.interface import KVCACHE
+
+    try:
+        ready = server.wait_ready(KVCACHE.model_name, options.ready_timeout_s)
+    except StartFailed as exc:
+        raise FlowFailed(str(exc)) from None
+    record.facts["server"]["ready_seconds"] = round(ready, 3)
 
 
 def _replay(options: L0Options, layout: Layout, server: ServerProcess, record: FlowRecord) -> None:

@@ -193,16 +193,19 @@ def test_a_server_that_cannot_start_fails_at_once_with_its_own_error(tmp_path, c
 
 
 @pytest.mark.integration
-def test_ctrl_c_during_the_client_pass_tears_the_server_down(tmp_path, compiled_repository):
+@pytest.mark.parametrize("moment", ["serve", "client"])
+def test_ctrl_c_tears_the_server_down(tmp_path, compiled_repository, moment):
+    """Interrupted while the server starts (its log has just appeared) or in the pause after the
+    warm-up answered."""
     out = tmp_path / "l0"
     flow = subprocess.Popen([*FLOW, "--out", str(out), "--export-from", str(compiled_repository), "--device", "cpu",
                              "--pause", "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    watched = out / ("logs/server.log" if moment == "serve" else "client.jsonl")
     try:
-        records = out / "client.jsonl"
         deadline = time.monotonic() + 300
-        while not (records.is_file() and records.read_text().count("\n") == 1):  # the warm-up answered
+        while not (watched.is_file() and (moment == "serve" or watched.read_text().count("\n") == 1)):
             assert flow.poll() is None and time.monotonic() < deadline, flow.communicate()
-            time.sleep(0.2)
+            time.sleep(0.05)
         flow.send_signal(signal.SIGINT)
         stdout, stderr = flow.communicate(timeout=120)
     finally:
@@ -210,8 +213,13 @@ def test_ctrl_c_during_the_client_pass_tears_the_server_down(tmp_path, compiled_
             flow.kill()
     assert flow.returncode == 130 and stderr.strip().endswith("hstu-replay: interrupted"), stderr[-2000:]
     summary = _summary(out)
-    assert summary["status"] == "interrupted" and summary["failed_step"] == "client"
-    assert_torn_down(summary, list(summary["server"]["ports"].values()))
+    assert summary["status"] == "interrupted" and summary["failed_step"] == moment
+    if moment == "serve":
+        assert "ready_seconds" not in summary["server"]
+    pids = summary["teardown"]["processes"]
+    assert summary["server"]["pid"] in pids and [pid for pid in pids if _stat(pid) is not None] == []
+    ports = list(summary["server"]["ports"].values())
+    assert [port for port in ports if not _port_free(port)] == [] and summary["teardown"]["clean"] is True
 
 
 @pytest.mark.parametrize("args, message", [
