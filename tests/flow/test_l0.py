@@ -21,7 +21,7 @@ import pytest
 from hstu_replay.cli import main
 from hstu_replay.dumps.archive import read_tensor_file
 from hstu_replay.dumps.reader import read_dump
-from hstu_replay.flow.l0 import MARKER
+from hstu_replay.flow.l0 import MARKER, _hit_warnings
 from hstu_replay.reference import native
 from hstu_replay.target.serve import free_ports
 from hstu_replay.target.watchdog import _stat
@@ -105,6 +105,7 @@ def test_flow_l0_end_to_end_on_the_small_config(tmp_path, compiled_repository):
     # The server's own word on hits: nothing cached in pass 1, every history token in pass 2.
     for r in records:
         assert r["cached_tokens"] == (r["history_tokens"] if r["phase"] == "cached" else 0)
+    assert summary["warnings"] == [] and "WARNING" not in lines[0]
     cold, cached = summary["client"]["passes"]
     assert (cold["phase"], cold["requests"], cold["verified"], cold["mismatches"], cold["hit_ratio"]) == \
         ("cold", 7, 7, 0, 0.0)
@@ -246,3 +247,12 @@ def test_a_foreign_non_empty_out_is_refused_and_left_untouched(tmp_path):
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert f"--out {out}: a non-empty folder the flow did not make" in result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["thesis.tex"]
+
+
+def test_hits_other_than_the_passes_are_named_for_are_flagged():
+    passes = [{"phase": "cold", "hit_ratio": 0.0}, {"phase": "cached", "hit_ratio": 1.0}]
+    assert _hit_warnings(passes) == []
+    assert _hit_warnings([{"phase": "cold", "hit_ratio": 0.25}, {"phase": "cached", "hit_ratio": 0.8125}]) == [
+        "pass cold: the server reports hit ratio 0.250, not 0",
+        "pass cached: the server reports hit ratio 0.812, not 1"]
+    assert _hit_warnings([{"phase": "cold", "hit_ratio": None}, {"phase": "cached", "hit_ratio": None}]) == []
