@@ -30,6 +30,8 @@ GONE_TIMEOUT_S = 15.0
 # CLI ends with, then the last line of a Python traceback.
 _ERROR_LINES = (re.compile(r"^E\d{4} "), re.compile(r"^hstu-replay: error: "),
                 re.compile(r"^[A-Za-z_.]*(Error|Exception): "))
+#: tritonserver's error lines that every start on a CPU-only machine logs (seen with the bundled 2.51).
+_BENIGN = ("CudaDriverHelper has not been initialized", "Failed to set config modification time")
 
 
 class StartFailed(Exception):
@@ -73,35 +75,41 @@ def server_error_line(log_text: str) -> str:
     """The line of a server log that says why it failed."""
     lines = [line.strip() for line in log_text.splitlines() if line.strip()]
     for pattern in _ERROR_LINES:
-        found = [line for line in lines if pattern.search(line)]
+        found = [line for line in lines if pattern.search(line) and not any(b in line for b in _BENIGN)]
         if found:
             return found[-1]
     return lines[-1] if lines else "no output"
 
 
 class ServerProcess:
-    """One `target serve` child; `stop()` is safe to call at any point, more than once."""
+    """One `target serve` child. Made first, started by `start()`, so that whoever holds it can
+    always `stop()` it (safe at any point, more than once, started or not)."""
 
     def __init__(self, command: list[str], log: Path, ports: Ports):
-        self.log, self.ports = log, ports
-        # Ports already taken before the start are someone else's: teardown checks only the others.
-        self.own_ports = tuple(port for port in ports.all() if port_free(port))
+        self.command, self.log, self.ports = command, log, ports
+        self.process: subprocess.Popen | None = None
+        self.own_ports: tuple[int, ...] = ()
         self.family: dict[int, int] = {}  # pid -> start time of every process seen under the server
-        with log.open("wb") as out:
-            # A session of its own: a Ctrl-C at the terminal reaches the flow, which stops it in order.
-            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
         self._teardown: Teardown | None = None
 
     @classmethod
-    def start(cls, repository: Path, log: Path, ports: Ports, *extra: str) -> ServerProcess:
+    def of_target(cls, repository: Path, log: Path, ports: Ports, *extra: str) -> ServerProcess:
         command = [sys.executable, "-m", "hstu_replay.cli", "target", "serve", "--repository", str(repository),
                    "--host", HOST, "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
                    "--metrics-port", str(ports.metrics), "--cache-metrics-port", str(ports.cache_metrics), *extra]
         return cls(command, log, ports)
 
+    def start(self) -> None:
+        # Ports already taken before the start are someone else's: teardown checks only the others.
+        self.own_ports = tuple(port for port in self.ports.all() if port_free(port))
+        with self.log.open("wb") as out:
+            # A session of its own: a Ctrl-C at the terminal reaches the flow, which stops it in order.
+            self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+
     def wait_ready(self, model: str, timeout_s: float) -> float:
         """Seconds until `model` is ready; StartFailed with the server's own error when it exits first."""
+        assert self.process is not None, "start() first"
         started = time.monotonic()
         url = f"http://{HOST}:{self.ports.http}/v2/models/{model}/ready"
         while True:
@@ -119,13 +127,16 @@ class ServerProcess:
 
     def failure(self) -> str | None:
         """One line when the server has exited, else None."""
-        code = self.process.poll()
+        code = self.process.poll() if self.process else None
         if code is None:
             return None
         return f"the server exited ({_status(code)}): {server_error_line(self._log_text())} (log: {self.log})"
 
     def stop(self) -> Teardown:
         if self._teardown is not None:
+            return self._teardown
+        if self.process is None:
+            self._teardown = Teardown(None, (), ())
             return self._teardown
         self._note_family()
         if self.process.poll() is None:
@@ -144,7 +155,7 @@ class ServerProcess:
         return self._teardown
 
     def _note_family(self) -> None:
-        if self.process.poll() is None:
+        if self.process is not None and self.process.poll() is None:
             self.family.update(descendants(self.process.pid))
             if (stat := _stat(self.process.pid)) is not None:
                 self.family[self.process.pid] = stat[1]

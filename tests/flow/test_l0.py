@@ -21,7 +21,7 @@ import pytest
 from hstu_replay.cli import main
 from hstu_replay.dumps.archive import read_tensor_file
 from hstu_replay.dumps.reader import read_dump
-from hstu_replay.flow.l0 import MARKER
+from hstu_replay.flow.l0 import MARKER, _hit_warnings
 from hstu_replay.reference import native
 from hstu_replay.target.serve import free_ports
 from hstu_replay.target.watchdog import _stat
@@ -105,6 +105,7 @@ def test_flow_l0_end_to_end_on_the_small_config(tmp_path, compiled_repository):
     # The server's own word on hits: nothing cached in pass 1, every history token in pass 2.
     for r in records:
         assert r["cached_tokens"] == (r["history_tokens"] if r["phase"] == "cached" else 0)
+    assert summary["warnings"] == [] and "WARNING" not in lines[0]
     cold, cached = summary["client"]["passes"]
     assert (cold["phase"], cold["requests"], cold["verified"], cold["mismatches"], cold["hit_ratio"]) == \
         ("cold", 7, 7, 0, 0.0)
@@ -193,16 +194,19 @@ def test_a_server_that_cannot_start_fails_at_once_with_its_own_error(tmp_path, c
 
 
 @pytest.mark.integration
-def test_ctrl_c_during_the_client_pass_tears_the_server_down(tmp_path, compiled_repository):
+@pytest.mark.parametrize("moment", ["serve", "client"])
+def test_ctrl_c_tears_the_server_down(tmp_path, compiled_repository, moment):
+    """Interrupted while the server starts (its log has just appeared) or in the pause after the
+    warm-up answered."""
     out = tmp_path / "l0"
     flow = subprocess.Popen([*FLOW, "--out", str(out), "--export-from", str(compiled_repository), "--device", "cpu",
                              "--pause", "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    watched = out / ("logs/server.log" if moment == "serve" else "client.jsonl")
     try:
-        records = out / "client.jsonl"
         deadline = time.monotonic() + 300
-        while not (records.is_file() and records.read_text().count("\n") == 1):  # the warm-up answered
+        while not (watched.is_file() and (moment == "serve" or watched.read_text().count("\n") == 1)):
             assert flow.poll() is None and time.monotonic() < deadline, flow.communicate()
-            time.sleep(0.2)
+            time.sleep(0.05)
         flow.send_signal(signal.SIGINT)
         stdout, stderr = flow.communicate(timeout=120)
     finally:
@@ -210,8 +214,13 @@ def test_ctrl_c_during_the_client_pass_tears_the_server_down(tmp_path, compiled_
             flow.kill()
     assert flow.returncode == 130 and stderr.strip().endswith("hstu-replay: interrupted"), stderr[-2000:]
     summary = _summary(out)
-    assert summary["status"] == "interrupted" and summary["failed_step"] == "client"
-    assert_torn_down(summary, list(summary["server"]["ports"].values()))
+    assert summary["status"] == "interrupted" and summary["failed_step"] == moment
+    if moment == "serve":
+        assert "ready_seconds" not in summary["server"]
+    pids = summary["teardown"]["processes"]
+    assert summary["server"]["pid"] in pids and [pid for pid in pids if _stat(pid) is not None] == []
+    ports = list(summary["server"]["ports"].values())
+    assert [port for port in ports if not _port_free(port)] == [] and summary["teardown"]["clean"] is True
 
 
 @pytest.mark.parametrize("args, message", [
@@ -238,3 +247,12 @@ def test_a_foreign_non_empty_out_is_refused_and_left_untouched(tmp_path):
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert f"--out {out}: a non-empty folder the flow did not make" in result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["thesis.tex"]
+
+
+def test_hits_other_than_the_passes_are_named_for_are_flagged():
+    passes = [{"phase": "cold", "hit_ratio": 0.0}, {"phase": "cached", "hit_ratio": 1.0}]
+    assert _hit_warnings(passes) == []
+    assert _hit_warnings([{"phase": "cold", "hit_ratio": 0.25}, {"phase": "cached", "hit_ratio": 0.8125}]) == [
+        "pass cold: the server reports hit ratio 0.250, not 0",
+        "pass cached: the server reports hit ratio 0.812, not 1"]
+    assert _hit_warnings([{"phase": "cold", "hit_ratio": None}, {"phase": "cached", "hit_ratio": None}]) == []

@@ -82,13 +82,15 @@ def test_native_outputs_agree_with_python_in_process(native_dumps, compiled_repo
 
 @pytest.mark.integration
 def test_native_produces_the_reference_of_a_dump_without_one(replay_binary, reference_dumps, compiled_repository,
-                                                              tmp_path):
+                                                              tmp_path, capsys):
     bare = tmp_path / "dumps"
     shutil.copytree(reference_dumps, bare)
     originals = {p.name: read_tensor_file(p) for p in bare.glob("batch_*_compiled_logits.pt")}
     for name in originals:
         (bare / name).unlink()
-    assert native.produce_reference(_package(compiled_repository), bare) == 6
+    assert main(["reference", "replay", "--repository", str(compiled_repository), "--dump-dir", str(bare),
+                 "--produce-reference"]) == 0
+    assert capsys.readouterr().out == f"hstu-replay: wrote compiled_logits for 6 batches into {bare}\n"
     assert sorted(p.name for p in bare.glob("batch_*_compiled_logits.pt")) == sorted(originals)
     for name, python_logits in originals.items():  # written by Python's run of the same package
         produced = read_tensor_file(bare / name)
