@@ -13,16 +13,17 @@ SECRET = "Bearer s3cr3t-sentinel"
 def _stage(name, batch, target, flags=()):
     return {"name": name, "batch_size": batch, "target_ratio": target, "expected_ratio": target,
             "predicted_ratio": target, "observed_ratio": None, "achieved_ratio": target, "hit_source": "predicted",
-            "hit_disagreements": 0, "requests": 12, "p50_ci_ms": [1.0, 2.0], "p99_ci_ms": [3.0, None],
+            "hit_disagreements": 0, "requests": 12, "mean_ms": 4.0, "ms_per_logical_request": 4.0,
+            "p50_ci_ms": [1.0, 2.0], "p99_ci_ms": [3.0, None],
             "client_cpu_peak": 0.25, "loop_lag_p99_ms": 1.5,
-            "mean_ms": 1.5, "ms_per_logical_request": 1.5 / batch, "flags": [{"flag": f, "reason": r} for f, r in flags]}
+            "flags": [{"flag": f, "reason": r} for f, r in flags]}
 
 
 def _bin(name, batch, target, p50, speedup):
     return {"name": name, "batch_size": batch, "target_ratio": target, "achieved_ratio": target,
             "hit_source": "predicted", "requests": 12, "prime_requests": 0, "throughput_rps": 6.0,
-            "server_rps": 6.0, "mean_ms": p50, "ms_per_logical_request": p50 / batch, "p50_ms": p50, "p90_ms": p50, "p99_ms": p50 * 2, "p999_ms": p50 * 2,
-            "speedup": speedup, "flags": [], "server": None}
+            "server_rps": 6.0, "mean_ms": p50, "ms_per_logical_request": p50, "p50_ms": p50, "p90_ms": p50,
+            "p99_ms": p50 * 2, "p999_ms": p50 * 2, "speedup": speedup, "flags": [], "server": None}
 
 
 @pytest.fixture
