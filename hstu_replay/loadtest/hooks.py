@@ -8,6 +8,8 @@ starts when spawning completes, and the report is written at test stop (loadtest
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 import gevent
@@ -15,8 +17,8 @@ from locust import events
 from locust.runners import MasterRunner, WorkerRunner
 
 from hstu_replay.errors import HstuReplayError
-from hstu_replay.loadtest import monitor, server_stats, webui
-from hstu_replay.loadtest.options import LoadTestConfig, register_arguments
+from hstu_replay.loadtest import monitor, server_stats, webaccess, webform, webui
+from hstu_replay.loadtest.options import LoadTestConfig, register_arguments, take_secrets
 from hstu_replay.loadtest.prepare import connect, prepare
 from hstu_replay.loadtest.runtime import LoadTestRuntime
 from hstu_replay.stats.run_stats import RunStats
@@ -36,26 +38,37 @@ def fail(environment, message: str, code: int = 2) -> None:
 @events.init_command_line_parser.add_listener
 def _arguments(parser, **_):
     register_arguments(parser)
+    webaccess.register_arguments(parser)
+    webform.register_arguments(parser)
+    webform.show_paths(parser, webform.installed)
 
 
 @events.init.add_listener
 def _init(environment, **_):
     runner = environment.runner
     role = "master" if isinstance(runner, MasterRunner) else "worker" if isinstance(runner, WorkerRunner) else "local"
+    options = environment.parsed_options
+    secrets = take_secrets(options)  # each process's own, never in the options a master sends
+    credentials = webaccess.take_credentials(options)
+    _interrupt_ends_the_process(options)
     if role == "worker":
         config = LoadTestConfig()  # placeholder: the master's options arrive with each test start
     else:
         try:
-            config = LoadTestConfig.from_options(environment.parsed_options)
+            config = LoadTestConfig.from_options(options, host=environment.host, secrets=secrets)
+            policy = webform.FormPolicy.from_options(options)
         except HstuReplayError as exc:
             _exit(exc)
-    runtime = environment.hstu = LoadTestRuntime(config, role)
+        _address_in_host(environment, config)
+    runtime = environment.hstu = LoadTestRuntime(config, role, secrets=secrets)
     if role != "worker" and getattr(environment.parsed_options, "headless", False):
         try:  # headless: an unusable server or model ends the run before any user spawns
             runtime.binding = connect(config)
         except HstuReplayError as exc:
             _exit(exc)
     if environment.web_ui is not None:
+        webaccess.install_login(environment, *credentials)
+        webform.install(environment, policy, secrets)
         webui.install(environment)
 
     def report_to_master(client_id, data, **_):
@@ -86,8 +99,25 @@ def _start_sweep(environment) -> None:
     if run is None:
         return
     run.clock.start()  # no-op when the sweep already runs (the web UI changed the user count)
+    run.users = max(run.users, environment.runner.user_count)
     if isinstance(environment.runner, MasterRunner):
         environment.runner.send_message(SWEEP_CLOCK, run.clock.elapsed_s())
+
+
+def _address_in_host(environment, config: LoadTestConfig) -> None:
+    """The target address lives in Locust's host (the web form's Host field, sent to workers),
+    as a URL whose scheme says protocol and TLS; --triton-url and its companions are folded in."""
+    environment.host = environment.parsed_options.host = config.target
+    options = environment.parsed_options
+    options.triton_url, options.triton_protocol, options.triton_ssl = "", "grpc", False
+
+
+def _interrupt_ends_the_process(options) -> None:
+    """Ctrl-C takes Locust's SIGTERM path (report written, workers told, exit), in every mode:
+    a KeyboardInterrupt raised inside whichever greenlet happened to run can leave the process up.
+    Locust's --processes parent keeps its own handler."""
+    if not getattr(options, "processes", None):
+        gevent.signal_handler(signal.SIGINT, os.kill, os.getpid(), signal.SIGTERM)
 
 
 def _exit(exc: HstuReplayError) -> None:
@@ -110,7 +140,7 @@ def _test_start(environment, **_):
         runtime.worker_count = int(getattr(options, "hstu_worker_count", 1))
     runtime.drop_run()  # a rerun from the web UI starts clean, also when it fails to prepare
     try:
-        config = LoadTestConfig.from_options(options)
+        config = LoadTestConfig.from_options(options, host=environment.host, secrets=runtime.secrets)
         binding = runtime.binding if config == runtime.config else None
         prepared = prepare(config, runtime.placement, binding)
     except HstuReplayError as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hstu_replay.client.triton import ModelBinding
@@ -48,6 +48,8 @@ class ActiveRun:
         self._clients: list = []
         self._said: set[str] = set()
         self.ended = False  # set at test stop
+        self.report: dict | None = None  # the last report written (what report.json holds)
+        self.users = 0  # the most users spawned at once (Locust's count is 0 again once the test stops)
 
     def new_user_index(self) -> int:
         return next(self._users)
@@ -91,6 +93,7 @@ class LoadTestRuntime:
     worker_count: int = 1
     run: ActiveRun | None = None
     binding: ModelBinding | None = None  # detected at init (headless), before any run
+    secrets: dict = field(default_factory=dict, repr=False)  # this process's own (options.take_secrets)
 
     @property
     def placement(self) -> Placement:

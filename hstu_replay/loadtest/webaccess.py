@@ -1,0 +1,81 @@
+"""Who can reach a Locust process: loopback by default, Locust's own login for anything wider.
+
+Locust binds its web UI and a master's port to every interface unless told otherwise; here both
+default to 127.0.0.1, and `--web-host` / `--master-bind-host` given explicitly bind wider. With
+`--web-login` the web UI asks for `--web-user` and `--web-password` (read from the command line
+or `LOCUST_WEB_PASSWORD`; never shown, logged or sent to workers).
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import sys
+
+from hstu_replay.errors import ConfigError
+
+LOOPBACK = "127.0.0.1"
+LOGIN_CALLBACK = "/hstu/login"
+
+
+def register_arguments(parser) -> None:
+    """Loopback defaults for Locust's own bind options, and the login's credentials."""
+    parser.set_defaults(web_host=LOOPBACK, master_bind_host=LOOPBACK)
+    for action in parser._actions:  # Locust's help says '*'; say what is true here
+        if action.dest in ("web_host", "master_bind_host"):
+            action.help = (f"Interface to bind to. Default {LOOPBACK} (this machine only); "
+                           "'*' or 0.0.0.0 for every interface (then use --web-login for the web UI)")
+    group = parser.add_argument_group("hstu-replay: web UI access")
+    for flag, dest, help_text in (
+        ("--web-user", "hstu_web_user", "User name the web UI's login asks for (with --web-login)"),
+        ("--web-password", "hstu_web_password", "Password the web UI's login asks for (with --web-login; "
+                                                "secret, best given as LOCUST_WEB_PASSWORD)"),
+    ):
+        action = group.add_argument(flag, dest=dest, default="", env_var="LOCUST_" + flag[2:].upper().replace("-", "_"))
+        action.help = help_text
+        action.include_in_web_ui, action.is_secret, action.is_required, action.is_multiple = False, False, False, False
+
+
+def take_credentials(parsed) -> tuple[str, str]:
+    """The login's user and password, removed from the parsed options (a master sends those to
+    every worker)."""
+    user, password = getattr(parsed, "hstu_web_user", "") or "locust", getattr(parsed, "hstu_web_password", "") or ""
+    parsed.hstu_web_password = ""
+    return user, password
+
+
+def install_login(environment, user: str, password: str) -> None:
+    """Locust's --web-login page, answered by a user name and password check."""
+    web_ui = environment.web_ui
+    if not web_ui.web_login:
+        return
+    if not password:
+        print("hstu-replay: error: --web-login needs --web-password (or LOCUST_WEB_PASSWORD)", file=sys.stderr,
+              flush=True)
+        sys.exit(ConfigError.exit_code)
+    from flask import redirect, request, session, url_for
+    from flask_login import UserMixin, current_user, login_user
+
+    class WebUser(UserMixin):
+        def __init__(self, name: str):
+            self.id = name
+
+    web_ui.app.secret_key = secrets.token_bytes(32)  # sessions live as long as this process
+    web_ui.login_manager.user_loader(lambda name: WebUser(name) if name == user else None)
+    web_ui.auth_args = {"username_password_callback": LOGIN_CALLBACK, "title": "hstu-replay"}
+
+    @web_ui.app.before_request
+    def hstu_pages_need_the_login_too():  # the tab's own pages (/hstu/...), not Locust's routes
+        if request.path.startswith("/hstu/") and request.path != LOGIN_CALLBACK and not current_user.is_authenticated:
+            return redirect(url_for("locust.login"))
+        return None
+
+    @web_ui.app.route(LOGIN_CALLBACK, methods=["POST"])
+    def login_submit():
+        given_user, given_password = request.form.get("username", ""), request.form.get("password", "")
+        if hmac.compare_digest(given_user.encode(), user.encode()) and \
+                hmac.compare_digest(given_password.encode(), password.encode()):
+            login_user(WebUser(user))
+            return redirect(url_for("locust.index"))
+        session["auth_error"] = "Invalid user name or password"
+        return redirect(url_for("locust.login"))
