@@ -22,9 +22,12 @@ def secure(compiled_repository, tmp_path_factory):
     assert stop_server(server.handle) == 0
 
 
-def _args(secure: SecureServer, protocol: str, reference_dumps, ca: str | None, headers: dict[str, str]) -> list[str]:
-    args = ["--triton-url", secure.url(protocol), "--triton-protocol", protocol, "--triton-ssl",
-            "--dump-dir", str(reference_dumps), *SWEEP]
+def _args(secure: SecureServer, protocol: str, reference_dumps, ca: str | None, headers: dict[str, str],
+          scheme: bool = False) -> list[str]:
+    """The address as Locust's --host with a TLS scheme, or as --triton-url with --triton-ssl."""
+    address = (["--host", f"{'grpcs' if protocol == 'grpc' else 'https'}://{secure.url(protocol)}"] if scheme
+               else ["--triton-url", secure.url(protocol), "--triton-protocol", protocol, "--triton-ssl"])
+    args = [*address, "--dump-dir", str(reference_dumps), *SWEEP]
     if ca:
         args += ["--triton-root-cert", ca]
     if headers:
@@ -36,11 +39,13 @@ def _args(secure: SecureServer, protocol: str, reference_dumps, ca: str | None, 
 def test_a_run_through_tls_and_a_required_header_verifies_every_answer(secure, protocol, reference_dumps, tmp_path):
     report_dir = tmp_path / "report"
     result = run_locust(report_dir, *_args(secure, protocol, reference_dumps, str(secure.certs.ca),
-                                           secure.headers(protocol)), "--max-mismatches", "0", "--max-error-ratio", "0")
+                                           secure.headers(protocol), scheme=True),
+                        "--max-mismatches", "0", "--max-error-ratio", "0")
     assert result.returncode == 0, result.stderr[-3000:]
     report = result.report
     assert report["verification"]["mismatches"] == 0 and report["verification"]["verified"] > 0
     assert report["errors"] == {}
+    assert (report["run"]["url"], report["run"]["protocol"]) == (secure.url(protocol), protocol)
     assert all(b["requests"] > 0 for b in report["bins"])
     # the server's own word on the hits: it answered these requests (through TLS, with the header)
     assert [s["hit_source"] for s in report["stages"]] == ["observed", "observed"]
