@@ -72,3 +72,24 @@ def test_a_missing_ca_or_header_stops_the_run_before_load_in_one_line(secure, pr
     assert expected in lines[0]
     assert not (tmp_path / "report" / "report.json").exists()  # stopped before any load
     assert SENTINEL not in result.stdout + result.stderr
+
+
+def test_a_distributed_run_through_https_with_each_process_holding_its_header(secure, reference_dumps, tmp_path,
+                                                                             monkeypatch):
+    # the header is a secret: a master sends it to no worker, so each process reads its own
+    # (here from the environment, as a deployment would give it)
+    from tests.conftest import run_distributed
+
+    monkeypatch.setenv("LOCUST_TRITON_HEADERS", ",".join(f"{k}={v}" for k, v in secure.headers("http").items()))
+    code, report_dir, master_log = run_distributed(
+        tmp_path, *_args(secure, "http", reference_dumps, str(secure.certs.ca), {}, scheme=True),
+        "--max-mismatches", "0", "--max-error-ratio", "0", users=2, workers=2)
+    assert code == 0, master_log[-3000:]
+    import json
+
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["run"]["workers"] == 2
+    assert report["verification"]["mismatches"] == 0 and report["verification"]["verified"] > 0
+    assert report["errors"] == {}
+    for path in [*tmp_path.glob("*.log"), *(p for p in report_dir.rglob("*") if p.is_file())]:
+        assert SENTINEL not in path.read_bytes().decode("latin-1"), path
