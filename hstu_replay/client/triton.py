@@ -41,7 +41,7 @@ class ClientOptions:
         if "://" in self.url:
             raise ConfigError(f"--triton-url {self.url!r}: give host:port without a scheme (use --triton-ssl for TLS)")
         if self.root_certificates and not self.ssl:
-            raise ConfigError("--triton-root-cert needs --triton-ssl")
+            raise ConfigError("--triton-root-cert needs TLS: a grpcs:// or https:// address, or --triton-ssl")
         # gRPC refuses metadata keys with capitals; HTTP header names are case-insensitive
         object.__setattr__(self, "headers", {k.strip().lower(): v for k, v in self.headers.items()})
 
