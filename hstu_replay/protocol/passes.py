@@ -68,11 +68,13 @@ class PassResult:
                 "server_calls": self.server_calls}
 
 
+@dataclass(frozen=True)
 class Caller:
-    """What the passes need from a client: one call, and the server's count of answered calls."""
+    """What the passes need from a client: one call, and the server's count of answered calls
+    (None where the server does not say)."""
 
-    def __init__(self, infer: Callable[[RequestTensors], InferResponse], served_count: Callable[[], int | None]):
-        self.infer, self.served_count = infer, served_count
+    infer: Callable[[RequestTensors], InferResponse]
+    served_count: Callable[[], int | None]
 
 
 def run_passes(caller: Caller, model: str, cases: Sequence[Case], caches: bool, repeats: int = 3,
