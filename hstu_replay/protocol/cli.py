@@ -39,7 +39,8 @@ def add_commands(groups) -> None:
     opt("--store", metavar="STORE", help="prepared store: each user's latest events, no reference logits")
     opt("--models", default=DEFAULT_MODELS, help="models measured at the backend batch (default %(default)s)")
     opt("--backend-batch", default="2", help="batch size of the backend comparison (default %(default)s, NVIDIA's)")
-    opt("--batch-sizes", default="1,2,4,8", help=f"batch sizes of the {SCALING_MODEL} scaling table (default %(default)s)")
+    opt("--batch-sizes", default="1,2,4,8",
+        help=f"batch sizes of the {SCALING_MODEL} scaling table (default %(default)s)")
     opt("--cases", default="", help="measured calls per pass (default: as many as the users allow)")
     opt("--repeats", default="3", help="passes of a model without cache, averaged (default %(default)s, NVIDIA's)")
     opt("--sleep", default="1.0", help="seconds slept after the warm-up call, not timed (default %(default)s)")
@@ -97,7 +98,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         raise ConfigError(f"--models {args.models!r}: use some of {', '.join(sorted(known))}")
     limits = Limits(max_values=_number("--max-values", args.max_values, int, 1))
     backend_batch = _number("--backend-batch", args.backend_batch, int, 1, limits.max_batch)
-    batch_sizes = tuple(_list("--batch-sizes", args.batch_sizes, 1, limits.max_batch)) if SCALING_MODEL in models else ()
+    batch_sizes = (tuple(_list("--batch-sizes", args.batch_sizes, 1, limits.max_batch))
+                   if SCALING_MODEL in models else ())
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():
         raise ConfigError(f"--out {args.out!r}: exists and is not a folder")
