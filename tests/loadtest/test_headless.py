@@ -61,6 +61,16 @@ def test_latency_falls_as_hit_ratio_rises(dump_sweep):
     assert all(b[name]["server"]["count"] > 0 for name in b)  # Triton's own split was captured
 
 
+def test_ms_per_logical_request_is_the_records_mean_over_the_batch(dump_sweep):
+    # worked out from the records files (each request's exact latency), not from the report's histogram
+    measured = [r for r in read_records(dump_sweep.report_dir) if r["kind"] == "measure" and r["ok"]]
+    for name, b in bins(dump_sweep.report).items():
+        mine = [r["latency_ms"] for r in measured if r["stage"] == name]
+        assert b["ms_per_logical_request"] == pytest.approx(np.mean(mine) / 8, rel=1e-3), name
+        assert stages(dump_sweep.report)[name]["ms_per_logical_request"] == b["ms_per_logical_request"]
+    assert "ms/logical" in dump_sweep.stdout
+
+
 def test_records_hold_every_request(dump_sweep):
     from hstu_replay.loadtest.records import read_records
 
