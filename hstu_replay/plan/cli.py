@@ -1,4 +1,5 @@
-"""`hstu-replay plan export-perf-analyzer`: a planned trace as perf_analyzer `--input-data` JSON.
+"""`hstu-replay plan export-perf-analyzer`: a planned trace as perf_analyzer `--input-data` JSON;
+`hstu-replay plan cache-curve`: a store's natural-replay hit ratio at every KV-cache budget.
 
 The requests come from the sources the load test uses (dump replay or session replay, one
 virtual user's cache keys), primes included in send order.
@@ -53,7 +54,7 @@ def add_commands(groups) -> None:
     curve.add_argument("--max-values", type=int, default=40_000,
                        help="largest len(values) the model takes (default 40000)")
     curve.add_argument("--batch-size", type=int, default=1, help="most visits per request, 1..8 (default 1)")
-    curve.add_argument("--slice-ms", type=int, default=0,
+    curve.add_argument("--time-slice-ms", type=int, default=0,
                        help="visits of one time slice share a request (default 0: one visit per request)")
     curve.add_argument("--page-tokens", type=int, default=32, help="KV-cache page size in tokens (default 32)")
     curve.set_defaults(func=_cache_curve)
@@ -122,7 +123,7 @@ def _cache_curve(args: argparse.Namespace) -> int:
                                    ("--candidates", args.candidates, 1, limits.max_candidates),
                                    ("--max-history", args.max_history, 1, None),
                                    ("--max-values", args.max_values, 1, None),
-                                   ("--slice-ms", args.slice_ms, 0, None),
+                                   ("--time-slice-ms", args.time_slice_ms, 0, None),
                                    ("--page-tokens", args.page_tokens, 1, None)):
         if value < low or (high is not None and value > high):
             bounds = f"{low}..{high}" if high is not None else f">= {low}"
@@ -135,7 +136,7 @@ def _cache_curve(args: argparse.Namespace) -> int:
         raise ConfigError(f"--budgets {args.budgets!r}: budgets cannot be negative")
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
         raise ConfigError(f"--out {args.out}: exists and is not a folder")
-    options = CurveOptions(args.store, args.candidates, limits, args.batch_size, args.slice_ms, args.page_tokens)
+    options = CurveOptions(args.store, args.candidates, limits, args.batch_size, args.time_slice_ms, args.page_tokens)
     curve, info = store_curve(options)
     summary = curve_json(curve, info, options, budgets)
     print(f"{args.store}: {info['visits']:,} visits of {info['users']:,} users in {curve.requests:,} requests, "

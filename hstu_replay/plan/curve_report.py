@@ -66,7 +66,7 @@ def curve_json(curve: CacheCurve, info: dict, options: CurveOptions, budgets: li
         "requests": curve.requests, "accesses": curve.accesses, "returning": curve.returning,
         "total_tokens": curve.total_tokens, "exact_from_tokens": curve.exact_from_tokens,
         "all_fit_tokens": curve.all_fit_tokens, "max_ratio": curve.max_ratio,
-        "budgets": [{"budget_tokens": b, "hit_ratio": curve.ratio(b), "exact": b >= curve.exact_from_tokens}
+        "budgets": [{"budget_tokens": b, "hit_ratio": curve.ratio(b), "exact": b >= curve.exact_from_tokens or b < curve.page_tokens}
                     for b in budgets],
         "steps": len(curve.points()),
     }

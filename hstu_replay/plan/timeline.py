@@ -106,8 +106,10 @@ class Timeline:
     (a user's next request waits for its last one: one key is never in flight twice)."""
 
     def __init__(self, store, trace: Trace, bounds: np.ndarray, candidates: int, limits: Limits,
-                 time_scale: float = 0.0, request_rate: float = 0.0):
+                 time_scale: float = 0.0, request_rate: float = 0.0, start_ms: int | None = None):
         self.store, self.trace, self.bounds, self.limits = store, trace, bounds, limits
+        # log time of the sweep's start: the whole trace's first visit, so shards keep one clock
+        self.start_ms = int(trace.times_ms[0]) if start_ms is None else start_ms
         self.candidates, self.time_scale, self.request_rate = candidates, time_scale, request_rate
         self.next_request = 0
         self.keys: dict[int, int] = {}  # store user -> its cache key
@@ -125,7 +127,7 @@ class Timeline:
     def send_at_s(self, r: int) -> float | None:
         """Seconds after the start at which request r goes (None: as soon as it can)."""
         if self.time_scale > 0:
-            return float(self.trace.times_ms[self.bounds[r]] - self.trace.times_ms[0]) / 1e3 / self.time_scale
+            return float(self.trace.times_ms[self.bounds[r]] - self.start_ms) / 1e3 / self.time_scale
         if self.request_rate > 0:
             return r / self.request_rate
         return None

@@ -150,13 +150,14 @@ class TimelineWorkload:
         if self.history_cap(batch) < 1:
             raise ConfigError(f"--max-values {o.limits.max_values}: no room for any history at batch {batch} "
                               f"with --candidates {o.candidates}")
-        trace = shard_trace(build_trace(self.store, o.candidates, o.limits, batch), *o.shard)
-        trace = shard_trace(trace, o.worker_index, o.worker_count, stride=o.shard[1])
+        whole = build_trace(self.store, o.candidates, o.limits, batch)
+        trace = shard_trace(shard_trace(whole, *o.shard), o.worker_index, o.worker_count, stride=o.shard[1])
         if not len(trace):
             raise ConfigError(f"--store {o.path}: no user (of this shard and worker) comes back after a gap of 60 s: "
                               "nothing to replay")
         self.timeline = Timeline(self.store, trace, group_requests(trace, o.slice_ms, batch), o.candidates,
-                                 o.limits, o.time_scale, o.request_rate)
+                                 o.limits, o.time_scale, o.request_rate,
+                                 start_ms=int(whole.times_ms[0]) if len(whole) else None)
 
     def history_cap(self, batch_size: int) -> int:
         return self.options.limits.history_cap(batch_size, self.options.candidates)

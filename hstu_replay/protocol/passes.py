@@ -68,11 +68,13 @@ class PassResult:
                 "server_calls": self.server_calls}
 
 
+@dataclass(frozen=True)
 class Caller:
-    """What the passes need from a client: one call, and the server's count of answered calls."""
+    """What the passes need from a client: one call, and the server's count of answered calls
+    (None where the server does not say)."""
 
-    def __init__(self, infer: Callable[[RequestTensors], InferResponse], served_count: Callable[[], int | None]):
-        self.infer, self.served_count = infer, served_count
+    infer: Callable[[RequestTensors], InferResponse]
+    served_count: Callable[[], int | None]
 
 
 def run_passes(caller: Caller, model: str, cases: Sequence[Case], caches: bool, repeats: int = 3,
@@ -86,11 +88,11 @@ def run_passes(caller: Caller, model: str, cases: Sequence[Case], caches: bool, 
     results: list[PassResult] = []
     first: list[np.ndarray] | None = None
     for name in names:
-        before = caller.served_count()
+        before = settled_count(caller.served_count)
         start = clock()
         answers = [caller.infer(case.tensors) for case in measured]
         e2e = clock() - start
-        after = caller.served_count()
+        after = None if before is None else settled_count(caller.served_count, before + len(measured))
         # everything below is outside the timed window
         checks = [(a.logits, c.reference, c) for a, c in zip(answers, measured) if c.reference is not None]
         if name == CACHED and first is not None:  # a hit must give the cold answer again
@@ -109,6 +111,22 @@ def run_passes(caller: Caller, model: str, cases: Sequence[Case], caches: bool, 
         if first is None:
             first = [a.logits for a in answers]
     return results
+
+
+def settled_count(count: Callable[[], int | None], at_least: int | None = None, limit_s: float = 2.0,
+                  poll_s: float = 0.02) -> int | None:
+    """The server's count once it stops moving: Triton counts a request a moment after its answer
+    is sent, so a count read at once can miss the last call of a pass. Reads until two in a row
+    agree (and reach `at_least`, when given), for at most `limit_s`."""
+    last = count()
+    deadline = time.monotonic() + limit_s
+    while last is not None and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        now = count()
+        if now == last and (at_least is None or now >= at_least):
+            break
+        last = now
+    return last
 
 
 def mean_pass(results: Sequence[PassResult]) -> PassResult:

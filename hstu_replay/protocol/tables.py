@@ -188,8 +188,10 @@ def hardware_line(report: dict) -> str:
 
 def render_text(report: dict) -> str:
     b = report["backend_comparison"]
-    parts = [hardware_line(report), f"Backend comparison, batch {b['batch_size']} (ms per logical request; E2E for our own "
-             f"{report['run'].get('measured_cases', {}).get(str(b['batch_size']), NO_VALUE)} calls per pass)",
+    calls = report["run"].get("measured_cases", {}).get(str(b["batch_size"]), NO_VALUE)
+    parts = [hardware_line(report),
+             f"Backend comparison, batch {b['batch_size']} "
+             f"(ms per logical request; E2E for our own {calls} calls per pass)",
              format_table(backend_rows(report)),
              f"\nBatch-size scaling, {report['batch_scaling']['model']} (ms per logical request)",
              format_table(scaling_rows(report)),

@@ -91,3 +91,22 @@ def test_bad_options_are_one_line_before_any_load(budgeted_server, long_store, t
                             "--stage-seconds", "2", *args, timeout=60)
         assert result.returncode == 2, (args, result.stderr[-1500:])
         assert words in result.stderr and "Traceback" not in result.stderr, result.stderr[-1500:]
+
+
+def test_time_scale_sends_each_visit_at_its_log_time_compressed(budgeted_server, long_store, tmp_path):
+    scale = 25_200.0  # 7 hours of the log a second: about 60 visits in the 6 s stage
+    result = run_locust(tmp_path, "-u", "2", "-r", "2", "--triton-url", budgeted_server.grpc_url,
+                        "--workload", "timeline", "--store", str(long_store), "--batch-sizes", "1",
+                        "--time-scale", f"{scale:g}", "--stage-seconds", "6", "--warmup-seconds", "0",
+                        "--max-history", "256", "--cache-budget-tokens", str(BUDGET))
+    assert result.returncode == 0, result.stderr[-3000:]
+    started = result.report["run"]["started"]
+    trace = build_trace(SequenceStore.open(long_store), 16, Limits(max_history=256), 1)
+    due = [(int(t) - int(trace.times_ms[0])) / 1e3 / scale for t in trace.times_ms]
+    records = sorted((r for r in read_records(tmp_path) if r["kind"] == "measure"), key=lambda r: r["t"])
+    assert len(records) == sum(d < 6.0 for d in due) or len(records) == sum(d < 6.0 for d in due) - 1
+    for r, intended in zip(records, due):
+        log_ms = int(r["label"].split("visit at ")[1].split(" ms")[0])
+        assert (log_ms - int(trace.times_ms[0])) / 1e3 / scale == pytest.approx(intended)  # in the log's order
+        assert r["t"] - r["lag_ms"] / 1e3 - started == pytest.approx(intended, abs=0.05)  # planned at its time
+    assert sorted(r["lag_ms"] for r in records)[len(records) // 2] < 500

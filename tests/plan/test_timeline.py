@@ -108,3 +108,14 @@ def test_a_users_next_visit_waits_for_its_last_answer():
     assert not third.ready()
     timeline.release([0])
     assert third.get(timeout=1) == 2 and timeline.exhausted
+
+
+def test_shards_keep_the_whole_logs_clock():
+    from hstu_replay.plan.timeline import Timeline, shard_trace
+
+    store = _Times([0, 70_000, 140_000], [0, 100_000])
+    whole = build_trace(store, candidates=1, limits=Limits(), batch_size=1)
+    second = shard_trace(whole, 1, 2)  # user 1 only: its visit at 100 s
+    timeline = Timeline(store, second, group_requests(second, 0, 1), 1, Limits(), time_scale=10.0,
+                        start_ms=int(whole.times_ms[0]))
+    assert timeline.send_at_s(0) == 3.0  # 30 s after the whole log's first visit, not 0

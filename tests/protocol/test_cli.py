@@ -70,6 +70,7 @@ def test_protocol_figures_agree_with_the_server_and_the_wall_clock(triton_server
     assert result.returncode == 0, result.stderr[-3000:]
 
     report = json.loads((tmp_path / "out" / "protocol.json").read_text())
+    assert report["run"]["complete"] is True
     passes = report["passes"]
     # the server saw exactly the calls the protocol implies: one warm-up per run, then the passes
     for model in MODELS:
@@ -83,7 +84,8 @@ def test_protocol_figures_agree_with_the_server_and_the_wall_clock(triton_server
             assert p["cached_fraction"] == (1.0 if p["pass"] == "cached" else 0.0)
             # every answer checked against the dump; the cached pass also against pass 1
             assert p["verified"] == p["calls"] * (2 if p["pass"] == "cached" else 1) and p["mismatches"] == 0
-    assert report["flags"] == []
+    # no flag about what was measured (one about unsteady repeats depends on this shared machine's load)
+    assert [f for f in report["flags"] if "repeated passes" not in f] == []
     # time: the passes and the sleeps fit inside the command's wall clock, and the server's own time
     # for every request (warm-ups included) fits inside it too
     runs = 3 + 3  # hstu_model, hstu_gr_ranking and the KV-cache model at batches 1, 2 (shared), 4, 8
@@ -100,6 +102,29 @@ def test_protocol_figures_agree_with_the_server_and_the_wall_clock(triton_server
     assert "Backend comparison, batch 2" in result.stdout and "NVIDIA RTX PRO 6000 Blackwell" in result.stdout
     page = (tmp_path / "out" / "protocol.html").read_text()
     assert "test CPU" in page and "RTX PRO 6000 Blackwell" in page
+
+
+def test_a_killed_run_keeps_what_it_measured(triton_server, reference_dumps, tmp_path):
+    out = tmp_path / "out"
+    process = subprocess.Popen([str(BIN / "hstu-replay"), "bench", "protocol", "--triton-url", triton_server.grpc_url,
+                                "--dump-dir", str(reference_dumps), "--sleep", "0.2", "--out", str(out)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "protocol.json").exists() and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.05)
+        process.kill()
+    finally:
+        process.wait(30)
+    settled = None  # the server finishes the request in flight: wait until it has, for the tests after
+    while (counts := _server_counts(triton_server.grpc_url)) != settled:
+        settled = counts
+        time.sleep(1.0)
+    report = json.loads((out / "protocol.json").read_text())
+    assert report["run"]["complete"] is False  # written after the first run, before the last
+    assert {p["model"] for p in report["passes"]} == {"hstu_model"}
+    assert [p["pass"] for p in report["passes"]] == ["repeat 1", "repeat 2", "repeat 3"]
+    assert "Backend comparison" in (out / "protocol.html").read_text()
 
 
 @pytest.mark.parametrize("args, message", [

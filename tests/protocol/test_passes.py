@@ -43,3 +43,15 @@ def test_wrong_cached_answers_are_mismatches_and_only_the_calls_are_timed():
     assert cached.max_abs_diff == pytest.approx(0.5)
     assert cold.cached_fraction == 0.0 and cached.cached_fraction == 1.0
     assert cached.server_calls is None  # statistics closed: said, not guessed
+
+
+def test_a_count_read_while_the_server_still_books_the_last_call_is_waited_for():
+    from hstu_replay.protocol.passes import settled_count
+
+    reads = iter([10, 10, 11, 12, 12, 12])  # the server books two late calls
+    assert settled_count(lambda: next(reads), at_least=12, poll_s=0.0) == 12
+    reads = iter([7, 8, 8])
+    assert settled_count(lambda: next(reads), poll_s=0.0) == 8  # two equal reads in a row
+    assert settled_count(lambda: None) is None  # statistics closed: nothing to wait for
+    late = iter(range(100, 10_000))
+    assert settled_count(lambda: next(late), limit_s=0.05, poll_s=0.001) > 100  # never settles: bounded
