@@ -169,8 +169,9 @@ class TritonClient:
         try:
             meta = self._client.get_model_metadata(self.options.model, headers=self._headers, **self._as_json())
         except Exception as exc:
+            hint = tls_hint(str(exc), self.options)
             raise ServerError(f"cannot read model {self.options.model!r} at {self.options.url} "
-                              f"({self.options.protocol}): {_one_line(exc)}{tls_hint(str(exc), self.options)}") from None
+                              f"({self.options.protocol}): {_one_line(exc)}{hint}") from None
         inputs, outputs = _specs_from_metadata(meta["inputs"]), _specs_from_metadata(meta["outputs"])
         binding = ModelBinding(match_interface(self.options.model, inputs, outputs),
                                any(t.name == CACHED_TOKENS_OUTPUT for t in outputs))

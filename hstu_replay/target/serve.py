@@ -118,7 +118,8 @@ class ServeOptions:
         """The line printed once serving (addresses and what they require; never a secret)."""
         grpc = f"grpc {self.grpc_port}{' (TLS)' if self.tls else ''}"
         http = f"http {self.http_port}" + (f" on {self.http_host}, https {self.https_port}" if self.https_port else "")
-        text = f"serving on {self.host}: {grpc}, {http}, metrics {self.metrics_port}, cache metrics {self.cache_metrics_port}"
+        text = (f"serving on {self.host}: {grpc}, {http}, metrics {self.metrics_port}, "
+                f"cache metrics {self.cache_metrics_port}")
         if self.required_header is not None:
             name = self.required_header.name
             text += f"; inference requires header {name} (gRPC metadata {GRPC_HEADER_PREFIX}{name})"

@@ -39,8 +39,7 @@ class TlsForwarder:
     def __init__(self, host: str, port: int, upstream: tuple[str, int], files: TlsFiles):
         self.upstream = upstream
         self._context = files.server_context()
-        self._listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
-                                              reuse_port=False)
+        self._listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
         self._closed = threading.Event()
         self._acceptor = threading.Thread(target=self._accept, name="https-accept", daemon=True)
         self._acceptor.start()
@@ -68,7 +67,7 @@ class TlsForwarder:
             client.settimeout(_HANDSHAKE_TIMEOUT_S)
             tls = self._context.wrap_socket(client, server_side=True)
             tls.settimeout(None)
-        except (OSError, ssl.SSLError):
+        except OSError:  # ssl.SSLError included
             client.close()
             return
         try:
