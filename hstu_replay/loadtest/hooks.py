@@ -8,13 +8,12 @@ starts when spawning completes, and the report is written at test stop (loadtest
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 
 import gevent
 from locust import events
-from locust.runners import MasterRunner, WorkerRunner
+from locust.runners import STATE_RUNNING, STATE_SPAWNING, MasterRunner, WorkerRunner
 
 from hstu_replay.errors import HstuReplayError
 from hstu_replay.loadtest import monitor, server_stats, webaccess, webform, webui
@@ -112,11 +111,15 @@ def _address_in_host(environment, config: LoadTestConfig) -> None:
 
 
 def _interrupt_ends_the_process(options) -> None:
-    """Ctrl-C takes Locust's SIGTERM path (report written, workers told, exit), in every mode:
-    a KeyboardInterrupt raised inside whichever greenlet happened to run can leave the process up.
-    Locust's --processes parent keeps its own handler."""
-    if not getattr(options, "processes", None):
-        gevent.signal_handler(signal.SIGINT, os.kill, os.getpid(), signal.SIGTERM)
+    """Ctrl-C raises KeyboardInterrupt in Locust's main greenlet, in every mode, where Locust
+    catches it, stops the run and quits (the report is written at quitting). Python's own handler
+    raises it in whichever greenlet happens to run (often a user's, which just dies) and leaves
+    the process up. Locust's --processes parent keeps its own handler."""
+    if getattr(options, "processes", None):
+        return
+    hub = gevent.get_hub()
+    main = hub.parent  # the greenlet Locust's main() runs in
+    gevent.signal_handler(signal.SIGINT, lambda: hub.loop.run_callback(main.throw, KeyboardInterrupt))
 
 
 def _exit(exc: HstuReplayError) -> None:
@@ -180,5 +183,8 @@ def _quitting(environment, **_):
     if runtime.role != "worker" and runtime.run is not None:
         from hstu_replay.loadtest.finish import write_final_report
 
+        runner = environment.runner
+        if runner is not None and runner.state in (STATE_SPAWNING, STATE_RUNNING):
+            runner.stop()  # a run still going (Ctrl-C in the web UI): its users end before the report
         write_final_report(environment, final=True)
     runtime.close()
