@@ -220,6 +220,10 @@ def register_arguments(parser) -> None:
     """Add every option to Locust's parser, in groups. The web form shows all but the target
     address (the Host field) and secrets; what a submitted form may change is checked again
     there (loadtest.webform)."""
+    for action in parser._actions:  # Locust's own --host is the Triton address here
+        if action.dest == "host":
+            action.metavar, action.help = "<triton url>", ("The Triton address: grpc://host:8001, http://host:8000, "
+                                                           "https:// (HTTP + TLS) or grpcs:// (gRPC + TLS)")
     groups = {title: parser.add_argument_group(title) for title in (*GROUPS, DEFAULT_GROUP)}
     where = {name: title for title, names in GROUPS.items() for name in names}
     for f in fields(LoadTestConfig):
