@@ -13,7 +13,7 @@ import sys
 
 import gevent
 from locust import events
-from locust.runners import STATE_RUNNING, STATE_SPAWNING, MasterRunner, WorkerRunner
+from locust.runners import STATE_INIT, STATE_RUNNING, STATE_SPAWNING, MasterRunner, WorkerRunner
 
 from hstu_replay.errors import HstuReplayError
 from hstu_replay.loadtest import monitor, server_stats, webaccess, webform, webui
@@ -49,7 +49,7 @@ def _init(environment, **_):
     options = environment.parsed_options
     secrets = take_secrets(options)  # each process's own, never in the options a master sends
     credentials = webaccess.take_credentials(options)
-    _interrupt_ends_the_process(options)
+    _interrupt_ends_the_process(environment)
     if role == "worker":
         config = LoadTestConfig()  # placeholder: the master's options arrive with each test start
     else:
@@ -110,16 +110,28 @@ def _address_in_host(environment, config: LoadTestConfig) -> None:
     options.triton_url, options.triton_protocol, options.triton_ssl = "", "grpc", False
 
 
-def _interrupt_ends_the_process(options) -> None:
+def _interrupt_ends_the_process(environment) -> None:
     """Ctrl-C raises KeyboardInterrupt in Locust's main greenlet, in every mode, where Locust
     catches it, stops the run and quits (the report is written at quitting). Python's own handler
     raises it in whichever greenlet happens to run (often a user's, which just dies) and leaves
-    the process up. Locust's --processes parent keeps its own handler."""
-    if getattr(options, "processes", None):
+    the process up. A headless master still waiting for --expect-workers (a wait Locust does not
+    interrupt cleanly) tells the workers already connected to quit and exits 1: no run happened.
+    Locust's --processes parent keeps its own handler."""
+    if getattr(environment.parsed_options, "processes", None):
         return
     hub = gevent.get_hub()
     main = hub.parent  # the greenlet Locust's main() runs in
-    gevent.signal_handler(signal.SIGINT, lambda: hub.loop.run_callback(main.throw, KeyboardInterrupt))
+
+    def interrupt():
+        runner = environment.runner
+        if isinstance(runner, MasterRunner) and runner.state == STATE_INIT and environment.parsed_options.headless:
+            print("hstu-replay: interrupted while waiting for workers; no run happened", file=sys.stderr, flush=True)
+            runner.quit()
+            hub.loop.run_callback(main.throw, SystemExit(1))
+        else:
+            hub.loop.run_callback(main.throw, KeyboardInterrupt)
+
+    gevent.signal_handler(signal.SIGINT, interrupt)
 
 
 def _exit(exc: HstuReplayError) -> None:

@@ -102,3 +102,28 @@ def test_ctrl_c_ends_a_worker_and_then_its_master(triton_server, reference_dumps
     measured = sum(r["kind"] == "measure" for r in read_records(report))
     print(f"master's report: {sum(b['requests'] for b in data['bins'])} measured requests; workers' records: {measured}")
     assert data["run"]["role"] == "master" and sum(b["requests"] for b in data["bins"]) > 0
+
+
+def test_ctrl_c_ends_a_master_still_waiting_for_its_workers(triton_server, reference_dumps, tmp_path):
+    (master_port,) = free_ports(1)
+    log = tmp_path / "master.log"
+    master = launch(log, "--master", "--headless", "-u", "2", "-r", "2", "--expect-workers", "2",
+                    "--master-bind-port", str(master_port), "--report-dir", str(tmp_path / "report"),
+                    *sweep(triton_server, reference_dumps))
+    worker = launch(tmp_path / "worker.log", "--worker", "--master-port", str(master_port))
+    try:
+        _until(lambda: "1 of 2 connected" in log.read_text() or "Worker" in log.read_text(), 60, "a worker to connect")
+        time.sleep(1)
+        took = interrupt(master)
+        began = time.monotonic()
+        worker.wait(BOUND_S)
+        worker_took = time.monotonic() - began
+    finally:
+        for p in (master, worker):
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+    print(f"master waiting for workers: exit {took:.2f} s after SIGINT (code {master.returncode}); its worker "
+          f"{worker_took:.2f} s after")
+    assert took < BOUND_S and worker_took < BOUND_S and "Traceback" not in log.read_text()
+    assert "hstu-replay: interrupted while waiting for workers" in log.read_text()
