@@ -192,11 +192,16 @@ def _quitting(environment, **_):
     runtime: LoadTestRuntime = getattr(environment, "hstu", None)
     if runtime is None:
         return
+    runner = environment.runner
+    if runtime.run is not None and runner is not None and runner.state in (STATE_SPAWNING, STATE_RUNNING):
+        # a run still going (Ctrl-C): its users end before the report is written; a worker
+        # quitting on its own also sends its last statistics, which Locust sends only when the
+        # master asks it to quit (else the master's report misses up to 3 s of this worker's)
+        runner.stop()
+        if isinstance(runner, WorkerRunner):
+            runner._send_stats()
     if runtime.role != "worker" and runtime.run is not None:
         from hstu_replay.loadtest.finish import write_final_report
 
-        runner = environment.runner
-        if runner is not None and runner.state in (STATE_SPAWNING, STATE_RUNNING):
-            runner.stop()  # a run still going (Ctrl-C in the web UI): its users end before the report
         write_final_report(environment, final=True)
     runtime.close()
