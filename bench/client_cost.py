@@ -158,7 +158,7 @@ protocol, url, which, seconds = {protocol!r}, {url!r}, {which!r}, {seconds!r}
 requests = shape_dumps(Shape(*{shape!r}), Path({dumps!r}))
 if which == "ours":
     from hstu_replay.client.triton import ClientOptions, TritonClient
-    client = TritonClient(ClientOptions(url=url, protocol=protocol)); client.connect()
+    client = TritonClient(ClientOptions(url=url, protocol=protocol, **{options!r})); client.connect()
     send = lambda r: client.infer(r).logits
 elif which == "grpcio":  # grpcio's own floor: each request's message encoded once, before the loop
     import grpc
@@ -199,6 +199,7 @@ def transport_loops(server, shape: Shape, args) -> list[list]:
             variants.append(("grpcio", "grpcio alone, messages encoded before the loop (its floor)"))
         for which, name in variants:
             code = TRANSPORT_LOOP.format(root=str(ROOT), protocol=protocol, url=server.url_for(protocol), which=which,
+                                         options={},
                                          seconds=args.seconds, shape=(shape.batch, shape.history, shape.candidates),
                                          dumps=str(dumps))
             done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)

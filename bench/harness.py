@@ -104,11 +104,13 @@ class ChildServer:
         return sum(int(m["inference_stats"]["success"]["count"]) for m in stats["model_stats"])
 
 
-def start_null(interface: ModelInterface, log: Path, instances: int = 1, timeout_s: float = 120.0) -> ChildServer:
-    """The do-nothing model of `interface` (`instances` copies) in a child process, on free ports."""
+def start_null(interface: ModelInterface, log: Path, instances: int = 1, timeout_s: float = 120.0,
+               extra: Sequence[str] = ()) -> ChildServer:
+    """The do-nothing model of `interface` (`instances` copies) in a child process, on free ports;
+    `extra`: more of null_model.py's arguments (TLS)."""
     grpc, http, metrics = free_ports(3)
     command = [sys.executable, str(NULL_MODEL), interface.model_name, str(grpc), str(http), str(metrics),
-               "--instances", str(instances)]
+               "--instances", str(instances), *extra]
     return ChildServer.launch(command, grpc, log, NULL_READY, timeout_s, http_port=http)
 
 

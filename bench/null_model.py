@@ -1,6 +1,7 @@
 """A do-nothing PyTriton model server: zeros of the right shape (started by harness.start_null).
 
     python bench/null_model.py MODEL_NAME GRPC HTTP METRICS [--instances N]   # serve until SIGTERM
+        [--tls-cert PEM --tls-key PEM [--https-port P]]   # gRPC over TLS; HTTPS in front of HTTP
 """
 
 from __future__ import annotations
@@ -40,9 +41,12 @@ def zeros(interface: ModelInterface) -> Callable[[list], list[dict[str, np.ndarr
     return infer
 
 
-def serve(interface: ModelInterface, grpc_port: int, http_port: int, metrics_port: int, instances: int = 1) -> None:
-    """Host `interface`'s model (`instances` copies) answering zeros until SIGTERM; statistics stay open."""
+def serve(interface: ModelInterface, grpc_port: int, http_port: int, metrics_port: int, instances: int = 1,
+          tls=None, https_port: int = 0) -> None:
+    """Host `interface`'s model (`instances` copies) answering zeros until SIGTERM; statistics stay open.
+    With `tls` (TlsFiles) gRPC takes TLS only, and `https_port` serves HTTPS as the target does."""
     from hstu_replay.target.serve import PROTECTED_ENDPOINTS, _python_backend_env
+    from hstu_replay.target.tls_proxy import TlsForwarder
 
     _python_backend_env()
     from pytriton.model_config import ModelConfig, Tensor
@@ -54,7 +58,9 @@ def serve(interface: ModelInterface, grpc_port: int, http_port: int, metrics_por
     dtypes = {"INT64": np.int64, "FP32": np.float32}
     config = TritonConfig(http_address="127.0.0.1", http_port=http_port, grpc_address="127.0.0.1",
                           grpc_port=grpc_port, metrics_address="127.0.0.1", metrics_port=metrics_port,
-                          exit_on_error=True)
+                          exit_on_error=True, grpc_use_ssl=tls is not None or None,
+                          grpc_server_cert=tls and tls.cert, grpc_server_key=tls and tls.key)
+    https = TlsForwarder("127.0.0.1", https_port, ("127.0.0.1", http_port), tls) if https_port else None
     with Triton(config=config, security_config=TritonSecurityConfig(restricted_endpoints=PROTECTED_ENDPOINTS)) as triton:
         triton.bind(interface.model_name, [zeros(interface) for _ in range(instances)],
                     inputs=[Tensor(name=t.name, dtype=dtypes[t.dtype], shape=t.dims) for t in interface.inputs],
@@ -65,6 +71,8 @@ def serve(interface: ModelInterface, grpc_port: int, http_port: int, metrics_por
         while not stop.wait(0.5):
             if not triton.is_alive():
                 raise SystemExit("tritonserver exited unexpectedly")
+    if https is not None:
+        https.close()
 
 
 def main() -> int:
@@ -73,8 +81,14 @@ def main() -> int:
     for port in ("grpc", "http", "metrics"):
         parser.add_argument(port, type=int, help=f"{port} port")
     parser.add_argument("--instances", type=int, default=1, help="model instances (default 1)")
+    parser.add_argument("--tls-cert", help="PEM server certificate: gRPC over TLS")
+    parser.add_argument("--tls-key", help="its PEM private key")
+    parser.add_argument("--https-port", type=int, default=0, help="HTTPS in front of the HTTP port (needs --tls-cert)")
     args = parser.parse_args()
-    serve(BY_MODEL[args.model], args.grpc, args.http, args.metrics, args.instances)
+    from hstu_replay.target.tls_proxy import TlsFiles
+
+    tls = TlsFiles(args.tls_cert, args.tls_key) if args.tls_cert else None
+    serve(BY_MODEL[args.model], args.grpc, args.http, args.metrics, args.instances, tls, args.https_port)
     return 0
 
 

@@ -22,6 +22,8 @@ COMMAND_GROUPS: dict[str, str] = {
     "reference": "hstu_replay.reference.cli",
     "plan": "hstu_replay.plan.cli",
     "capacity": "hstu_replay.capacity.cli",
+    "flow": "hstu_replay.flow.cli",
+    "bench": "hstu_replay.protocol.cli",
 }
 
 

@@ -40,5 +40,9 @@ class ServerError(HstuReplayError):
     exit_code = 2
 
 
+class AccessDenied(ServerError):
+    """The server turned the request away for its credentials (a missing or wrong header)."""
+
+
 class ServerUnavailable(ServerError):
     """The server did not take the request at all (connection refused, gRPC UNAVAILABLE)."""

@@ -3,7 +3,13 @@
 Options: `locust -f locustfiles/hstu.py --help` (group "hstu-replay"); see README.md.
 """
 
-from grpc.experimental import gevent as grpc_gevent
+import os
+
+# gRPC's own INFO lines (a failed TLS handshake, say) would only repeat the one error line; set
+# GRPC_VERBOSITY to see them.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+from grpc.experimental import gevent as grpc_gevent  # noqa: E402
 
 grpc_gevent.init_gevent()  # before any gRPC channel exists: otherwise gRPC blocks gevent's loop
 

@@ -1,9 +1,10 @@
 // hstu_replay_dump: run every batch of an HSTU reference dump through an AOTInductor package
 // (the no-cache interface: values, lengths, num_candidates -> logits [N, 8]) with libtorch
-// alone, and compare the logits with the dumped reference.
+// alone, and compare the logits with the dumped reference; or, with --produce-reference, write
+// them as the reference (batch_%06d_compiled_logits.pt) of a dump that has none yet.
 //
-// Exit status: 0 every batch within the tolerance; 2 some batch is not (or has another shape);
-// 1 a usage or I/O error, reported as one line on stderr.
+// Exit status: 0 every batch within the tolerance (or written); 2 some batch is not (or has
+// another shape); 1 a usage or I/O error, reported as one line on stderr.
 
 // Only the headers used (not <torch/script.h>): about a fifth less compile time on 2 cores.
 #include <ATen/core/Tensor.h>
@@ -31,7 +32,7 @@ namespace {
 
 const char* const kUsage =
     "usage: hstu_replay_dump --package model.pt2 --dump-dir DIR [--tolerance 0.0625] "
-    "[--write-reference NAME]";
+    "[--write-reference NAME | --produce-reference]";
 
 // Tensors a dump already holds: --write-reference must never overwrite them.
 const std::vector<std::string> kDumpNames = {
@@ -43,6 +44,7 @@ struct Options {
   fs::path dump_dir;
   double tolerance = 0.0625;
   std::string write_reference;  // empty: write nothing
+  bool produce_reference = false;  // write compiled_logits, compare nothing
 };
 
 struct Failure : std::runtime_error {  // usage or I/O: exit 1
@@ -67,6 +69,10 @@ Options parse_options(int argc, char** argv) {
     if (flag == "-h" || flag == "--help") {
       std::puts(kUsage);
       std::exit(0);
+    }
+    if (flag == "--produce-reference") {
+      opts.produce_reference = true;
+      continue;
     }
     if (flag != "--package" && flag != "--dump-dir" && flag != "--tolerance" &&
         flag != "--write-reference") {
@@ -93,6 +99,9 @@ Options parse_options(int argc, char** argv) {
     throw Failure(std::string("--package and --dump-dir are required (") + kUsage + ")");
   }
   const std::string& name = opts.write_reference;
+  if (opts.produce_reference && !name.empty()) {
+    throw Failure("--produce-reference and --write-reference exclude each other");
+  }
   if (!name.empty()) {
     if (!std::regex_match(name, std::regex("[A-Za-z0-9_]+"))) {
       throw Failure("--write-reference " + name + ": use letters, digits and _ only");
@@ -157,23 +166,61 @@ std::string shape_text(const at::Tensor& t) {
   return text.empty() ? "scalar" : text;
 }
 
+std::unique_ptr<torch::inductor::AOTIModelPackageLoader> load_package(const std::string& package) {
+  if (!fs::is_regular_file(package)) throw Failure(package + ": no AOTInductor package there");
+  try {
+    return std::make_unique<torch::inductor::AOTIModelPackageLoader>(package, "model", false, 1, -1);
+  } catch (const std::exception& e) {
+    throw Failure(package + ": cannot load the AOTInductor package (" + error_text(e) + ")");
+  }
+}
+
+// The package's logits for one dumped batch.
+at::Tensor run_batch(torch::inductor::AOTIModelPackageLoader& loader, const fs::path& dir, const std::string& batch) {
+  at::Tensor values = read_input(dir / (batch + "_values.pt"));
+  at::Tensor lengths = read_input(dir / (batch + "_lengths.pt"));
+  at::Tensor num_candidates = read_input(dir / (batch + "_num_candidates.pt"));
+  try {
+    c10::InferenceMode guard;
+    return loader.run({values, lengths, num_candidates}).at(0).to(at::kFloat);
+  } catch (const std::exception& e) {
+    throw Failure(batch + ": the package failed (" + error_text(e) + ")");
+  }
+}
+
+// --produce-reference: every batch's logits become its compiled_logits; a dump that already holds
+// reference logits is refused before anything is written.
+int produce(const Options& opts, const std::vector<std::string>& batches) {
+  const fs::path& dir = opts.dump_dir;
+  for (const std::string& batch : batches) {
+    for (const char* name : {"_compiled_logits.pt", "_ref_logits.pt"}) {
+      if (fs::exists(dir / (batch + name))) {
+        throw Failure(batch + " already has reference logits (" + batch + name + "); --produce-reference "
+                      "writes them only into a dump without any");
+      }
+    }
+  }
+  auto loader = load_package(opts.package);
+  for (const std::string& batch : batches) {
+    const at::Tensor out = run_batch(*loader, dir, batch);
+    write_tensor(dir / (batch + "_compiled_logits.pt"), out);
+    std::printf("%s wrote=compiled_logits rows=%lld\n", batch.c_str(),
+                static_cast<long long>(out.dim() > 0 ? out.size(0) : 0));
+    std::fflush(stdout);
+  }
+  std::printf("summary batches=%zu written=%zu PASS\n", batches.size(), batches.size());
+  return 0;
+}
+
 int replay(const Options& opts) {
   const std::vector<std::string> batches = find_batches(opts.dump_dir);
-  if (!fs::is_regular_file(opts.package)) throw Failure(opts.package + ": no AOTInductor package there");
-  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;
-  try {
-    loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(opts.package, "model", false, 1, -1);
-  } catch (const std::exception& e) {
-    throw Failure(opts.package + ": cannot load the AOTInductor package (" + error_text(e) + ")");
-  }
+  if (opts.produce_reference) return produce(opts, batches);
+  auto loader = load_package(opts.package);
 
   const fs::path& dir = opts.dump_dir;
   int failed = 0;
   double worst = 0.0;
   for (const std::string& batch : batches) {
-    at::Tensor values = read_input(dir / (batch + "_values.pt"));
-    at::Tensor lengths = read_input(dir / (batch + "_lengths.pt"));
-    at::Tensor num_candidates = read_input(dir / (batch + "_num_candidates.pt"));
     fs::path reference_path = dir / (batch + "_compiled_logits.pt");
     if (!fs::is_regular_file(reference_path)) reference_path = dir / (batch + "_ref_logits.pt");
     if (!fs::is_regular_file(reference_path)) {
@@ -181,13 +228,7 @@ int replay(const Options& opts) {
     }
     const at::Tensor reference = read_tensor(reference_path).to(at::kFloat);
 
-    at::Tensor out;
-    try {
-      c10::InferenceMode guard;
-      out = loader->run({values, lengths, num_candidates}).at(0).to(at::kFloat);
-    } catch (const std::exception& e) {
-      throw Failure(batch + ": the package failed (" + error_text(e) + ")");
-    }
+    const at::Tensor out = run_batch(*loader, dir, batch);
     if (!opts.write_reference.empty()) {
       write_tensor(dir / (batch + "_" + opts.write_reference + ".pt"), out);
     }

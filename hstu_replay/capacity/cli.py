@@ -64,6 +64,30 @@ def add_commands(groups) -> None:
     opt("--out", default="runs/capacity", help="output directory (default %(default)s)")
     run.set_defaults(func=_run)
 
+    natural = actions.add_parser("natural", help="the smallest KV cache (and servers) meeting an SLO under "
+                                                 "natural replay: budgets picked from the curve, each measured")
+    opt = natural.add_argument
+    opt("--store", help="prepared KuaiRand store to replay naturally; required")
+    opt("--repository", help="model repository of the built-in target, started once per budget; required")
+    opt("--slo-p99-ms", help="SLO: p99 latency in ms, from the intended send time; required")
+    opt("--slo-error-ratio", default="0.01", help="SLO: largest failure ratio (default %(default)s)")
+    opt("--request-rate", help="traffic: requests/s over all servers; required")
+    opt("--curve-ratios", default="0.5,0.8,0.9,0.95",
+        help="measure the budgets where the curve reaches these hit ratios (default %(default)s)")
+    opt("--budgets", help="measure these budgets (tokens) instead of picking them from the curve")
+    opt("--max-servers", default="1", help="split users and traffic over up to this many servers (default %(default)s)")
+    opt("--users", default="4", help="Locust users sending the replay (default %(default)s)")
+    opt("--batch-size", default="1", help="most visits per request, 1..8 (default %(default)s)")
+    opt("--time-slice-ms", default="0", help="visits of one slice of log time share a request (default %(default)s)")
+    opt("--step-seconds", default="20", help="measured seconds per budget (default %(default)s)")
+    opt("--warmup-seconds", default="5", help="warm-up seconds before each window (default %(default)s)")
+    opt("--candidates", default="16", help="candidates per visit, at most (default %(default)s)")
+    opt("--max-history", default="256", help="longest history in items (default %(default)s)")
+    opt("--page-tokens", default="32", help="KV-cache page size in tokens (default %(default)s)")
+    opt("--serve-args", default="", help='more `target serve` arguments, e.g. --serve-args="--threads 1"')
+    opt("--out", default="runs/capacity-natural", help="output directory (default %(default)s)")
+    natural.set_defaults(func=_natural)
+
 
 # -- options -> plan --------------------------------------------------------------------------
 
@@ -193,4 +217,56 @@ def _run(args: argparse.Namespace) -> int:
     if result.unsustainable:
         print(f"hstu-replay: FAIL: {_failure_line(data)}", file=sys.stderr, flush=True)
         return NO_SUSTAINABLE_STEP_EXIT
+    return 0
+
+
+def _natural(args: argparse.Namespace) -> int:
+    from hstu_replay.capacity.natural import NaturalPlan, plan_capacity, write_result
+    from hstu_replay.capacity.search import Slo
+
+    for flag in ("store", "repository", "slo_p99_ms", "request_rate"):
+        if getattr(args, flag) is None:
+            raise ConfigError(f"--{flag.replace('_', '-')} is required")
+    if not Path(args.repository).is_dir():
+        raise ConfigError(f"--repository {args.repository}: no such folder")
+    try:
+        serve_args = tuple(shlex.split(args.serve_args))
+    except ValueError as exc:
+        raise ConfigError(f"--serve-args {args.serve_args!r}: {exc}") from None
+    batch = _number("--batch-size", args.batch_size, 1, integral=True)
+    if batch > 8:
+        raise ConfigError(f"--batch-size {args.batch_size}: use 1..8")
+    plan = NaturalPlan(
+        store=args.store, repository=args.repository, out_dir=Path(args.out),
+        slo=Slo(_number("--slo-p99-ms", args.slo_p99_ms, 0, above=True),
+                _number("--slo-error-ratio", args.slo_error_ratio, 0)),
+        request_rate=_number("--request-rate", args.request_rate, 0, above=True),
+        curve_ratios=_numbers("--curve-ratios", args.curve_ratios, 0),
+        budgets=tuple(int(b) for b in _numbers("--budgets", args.budgets, 0, integral=True)) if args.budgets else (),
+        max_servers=_number("--max-servers", args.max_servers, 1, integral=True),
+        users=_number("--users", args.users, 1, integral=True), batch_size=batch,
+        time_slice_ms=_number("--time-slice-ms", args.time_slice_ms, 0, integral=True),
+        step_seconds=_number("--step-seconds", args.step_seconds, 0, above=True),
+        warmup_seconds=_number("--warmup-seconds", args.warmup_seconds, 0),
+        candidates=_number("--candidates", args.candidates, 1, integral=True),
+        max_history=_number("--max-history", args.max_history, 1, integral=True),
+        page_tokens=_number("--page-tokens", args.page_tokens, 1, integral=True), serve_args=serve_args)
+    from hstu_replay.data.store import SequenceStore
+    from hstu_replay.errors import HstuReplayError
+
+    try:
+        SequenceStore.open(plan.store)
+    except HstuReplayError as exc:
+        raise ConfigError(f"--store {plan.store}: {str(exc).removeprefix(f'{plan.store}: ')}") from None
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    result = plan_capacity(plan)
+    path = write_result(result, plan.out_dir)
+    answer = result["answer"]
+    if answer is None:
+        print(f"no budget measured meets p99 <= {plan.slo.p99_ms:g} ms at {plan.request_rate:g} req/s "
+              f"with up to {plan.max_servers} server(s) (see {path})", file=sys.stderr)
+        return NO_SUSTAINABLE_STEP_EXIT
+    print(f"smallest cache meeting p99 <= {plan.slo.p99_ms:g} ms at {plan.request_rate:g} req/s: "
+          f"{answer['budget_tokens']:,} tokens per server x {answer['servers']} server(s) (measured; "
+          f"budgets picked from the computed curve); written to {path}")
     return 0

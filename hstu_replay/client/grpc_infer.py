@@ -19,12 +19,16 @@ import grpc
 import numpy as np
 
 from hstu_replay.client.http_infer import DTYPES
-from hstu_replay.errors import ServerError, ServerUnavailable
+from hstu_replay.errors import AccessDenied, ServerError, ServerUnavailable
 
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 #: gRPC status codes that mean the server was not there to take the request (or has not loaded
 #: the model again yet after a restart).
 UNAVAILABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
+#: Turned away for the credentials: by an authenticating proxy, or by Triton's restricted protocols,
+#: which answer UNAVAILABLE with this message.
+DENIED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+RESTRICTED = "This protocol is restricted"
 _CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 
 
@@ -82,8 +86,11 @@ class GrpcInfer:
             seconds = time.monotonic() - start
         except grpc.RpcError as exc:
             code = exc.code() if callable(getattr(exc, "code", None)) else None
-            text = f"{code.name if code else 'gRPC error'}: {exc.details() if callable(getattr(exc, 'details', None)) else exc}"
-            raise (ServerUnavailable if code in UNAVAILABLE else ServerError)(text) from None
+            details = str(exc.details() if callable(getattr(exc, "details", None)) else exc)
+            text = f"{code.name if code else 'gRPC error'}: {details}"
+            kind = (AccessDenied if code in DENIED or details.startswith(RESTRICTED)
+                    else ServerUnavailable if code in UNAVAILABLE else ServerError)
+            raise kind(text) from None
         try:
             response = self._response.FromString(raw)
             out = {}

@@ -23,13 +23,14 @@ from urllib.parse import quote
 import numpy as np
 import orjson
 
-from hstu_replay.errors import ServerError, ServerUnavailable
+from hstu_replay.errors import AccessDenied, ServerError, ServerUnavailable
 
 #: Triton datatype -> numpy dtype, for the outputs the HSTU models return.
 DTYPES = {"FP32": np.dtype("<f4"), "INT64": np.dtype("<i8"), "INT32": np.dtype("<i4"), "FP16": np.dtype("<f2")}
 _HEAD_LIMIT = 64 * 1024  # a response head longer than this is not Triton's
 _IDLE_CHECK_S = 1.0  # a connection idle this long is checked for a close by the server before use
 _IOV_MAX = 512  # buffers per sendmsg call (Linux allows 1024)
+_TLS_WRITE = 64 * 1024  # through TLS, buffers smaller than this are gathered into writes of this size
 
 
 class HttpInfer:
@@ -168,9 +169,8 @@ class HttpInfer:
 
 
 def _send_all(sock: socket.socket, buffers: list) -> None:
-    if isinstance(sock, ssl.SSLSocket):  # no scatter-gather through TLS: one write per buffer
-        for b in buffers:
-            sock.sendall(b)
+    if isinstance(sock, ssl.SSLSocket):  # no scatter-gather through TLS
+        _send_tls(sock, buffers)
         return
     while buffers:
         sent = sock.sendmsg(buffers[:_IOV_MAX])
@@ -181,6 +181,27 @@ def _send_all(sock: socket.socket, buffers: list) -> None:
                 del buffers[0]
             else:
                 buffers[0], sent = memoryview(buffers[0]).cast("B")[sent:], 0
+
+
+def _send_tls(sock: ssl.SSLSocket, buffers: list) -> None:
+    """Through TLS each write is at least one record and one system call, and encryption copies
+    every byte anyway: small buffers are gathered into writes of `_TLS_WRITE` bytes, large ones
+    go as they are."""
+    gathered = bytearray()
+    for b in buffers:
+        view = memoryview(b).cast("B")
+        if len(view) >= _TLS_WRITE:
+            if gathered:
+                sock.sendall(gathered)
+                gathered = bytearray()
+            sock.sendall(view)
+            continue
+        gathered += view
+        if len(gathered) >= _TLS_WRITE:
+            sock.sendall(gathered)
+            gathered = bytearray()
+    if gathered:
+        sock.sendall(gathered)
 
 
 def _closed_by_peer(sock: socket.socket) -> bool:
@@ -247,6 +268,8 @@ def _error(status: int, body: memoryview) -> Exception:
         message = bytes(body[:200]).decode("utf-8", "replace")
     if status == 503 or "unknown model" in message:  # not there to take it (yet)
         return ServerUnavailable(f"HTTP {status}: {message}")
+    if status in (401, 403):  # Triton's restricted APIs answer 403; an authenticating proxy 401 or 403
+        return AccessDenied(f"HTTP {status}: {message}")
     return ServerError(f"HTTP {status}: {message}")
 
 

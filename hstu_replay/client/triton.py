@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from hstu_replay.errors import ConfigError, InterfaceMismatch, ServerError
+from hstu_replay.errors import AccessDenied, ConfigError, InterfaceMismatch, ServerError
 from hstu_replay.interface import INTERFACES, NUM_TASKS, ModelInterface, TensorSpec
 from hstu_replay.request import RequestTensors
 
@@ -30,9 +30,9 @@ class ClientOptions:
     protocol: str = "grpc"  # grpc | http
     model: str = "hstu_gr_ranking_kvcache"
     ssl: bool = False
-    root_certificates: str | None = None  # PEM file, gRPC
+    root_certificates: str | None = None  # PEM file of the CA(s) that signed the server's certificate
     insecure: bool = False  # HTTP: skip certificate checks
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)  # names are sent in lower case
     timeout_s: float = 60.0
 
     def __post_init__(self):
@@ -40,6 +40,14 @@ class ClientOptions:
             raise ConfigError(f"--triton-protocol {self.protocol!r}: use grpc or http")
         if "://" in self.url:
             raise ConfigError(f"--triton-url {self.url!r}: give host:port without a scheme (use --triton-ssl for TLS)")
+        if self.root_certificates and not self.ssl:
+            raise ConfigError("--triton-root-cert needs TLS: a grpcs:// or https:// address, or --triton-ssl")
+        # gRPC refuses metadata keys with capitals; HTTP header names are case-insensitive
+        object.__setattr__(self, "headers", {k.strip().lower(): v for k, v in self.headers.items()})
+
+    def __repr__(self) -> str:  # header values are secrets (auth tokens)
+        return (f"ClientOptions(url={self.url!r}, protocol={self.protocol!r}, model={self.model!r}, ssl={self.ssl}, "
+                f"root_certificates={self.root_certificates!r}, headers={sorted(self.headers)} (values hidden))")
 
 
 @dataclass(frozen=True)
@@ -148,6 +156,7 @@ class TritonClient:
 
                 self._client = module.InferenceServerClient(
                     options.url, ssl=options.ssl, insecure=options.insecure,
+                    ssl_options={"ca_certs": options.root_certificates} if options.root_certificates else None,
                     connection_timeout=options.timeout_s, network_timeout=options.timeout_s,
                 )
         except Exception as exc:  # tritonclient raises assorted types for bad urls
@@ -161,11 +170,25 @@ class TritonClient:
             meta = self._client.get_model_metadata(self.options.model, headers=self._headers, **self._as_json())
         except Exception as exc:
             raise ServerError(f"cannot read model {self.options.model!r} at {self.options.url} "
-                              f"({self.options.protocol}): {_one_line(exc)}") from None
+                              f"({self.options.protocol}): {_one_line(exc)}{tls_hint(str(exc), self.options)}") from None
         inputs, outputs = _specs_from_metadata(meta["inputs"]), _specs_from_metadata(meta["outputs"])
-        self.binding = ModelBinding(match_interface(self.options.model, inputs, outputs),
-                                    any(t.name == CACHED_TOKENS_OUTPUT for t in outputs))
-        return self.binding
+        binding = ModelBinding(match_interface(self.options.model, inputs, outputs),
+                               any(t.name == CACHED_TOKENS_OUTPUT for t in outputs))
+        self._check_access(binding)
+        self.binding = binding
+        return binding
+
+    def _check_access(self, binding: ModelBinding) -> None:
+        """Metadata can be open where inference is not: an inference request without inputs asks
+        the server whether these credentials may infer, before any load. The server refuses the
+        request itself (it lacks every input, so nothing is computed) unless it refuses the caller."""
+        try:
+            self._transport.infer((), binding.outputs)
+        except AccessDenied as exc:
+            raise AccessDenied(f"inference on {self.options.model!r} at {self.options.url} ({self.options.protocol}) "
+                               f"refused: {exc} - check --triton-headers") from None
+        except ServerError:
+            pass  # the expected complaint about the missing inputs
 
     def infer(self, tensors: RequestTensors) -> InferResponse:
         """Send one request; raises ServerError (ServerUnavailable when the server was not there
@@ -214,6 +237,18 @@ def _no_second_close_at_exit(cls) -> None:
     if getattr(cls, "_hstu_close_in_del", True):
         cls.__del__ = lambda self: None
         cls._hstu_close_in_del = False
+
+
+def tls_hint(message: str, options: ClientOptions) -> str:
+    """What to check when a connection failed on TLS (an empty string otherwise)."""
+    if "CERTIFICATE_VERIFY_FAILED" in message or "certificate verify failed" in message:
+        return (" - the server's certificate is not signed by a CA in --triton-root-cert" if options.root_certificates
+                else " - give the CA that signed the server's certificate with --triton-root-cert")
+    if not options.ssl and ("Socket closed" in message or "connection closed" in message):
+        return " - does the server take TLS only? (--triton-ssl)"
+    if options.ssl and ("WRONG_VERSION_NUMBER" in message or "wrong version number" in message):
+        return " - the server does not speak TLS on this port (leave out --triton-ssl)"
+    return ""
 
 
 def _one_line(exc: BaseException) -> str:

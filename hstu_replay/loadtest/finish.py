@@ -20,8 +20,8 @@ def run_metadata(environment) -> dict:
         "model": c.triton_model, "interface": binding.interface.name,
         "caches": binding.interface.uses_cache, "reports_hits": binding.reports_hits,
         "url": c.triton_url, "protocol": c.triton_protocol, "workload": c.workload,
-        "source": c.store if c.workload == "sessions" else c.dump_dir,
-        "users": environment.runner.user_count if environment.runner else None,
+        "source": c.dump_dir if c.workload == "dumps" else c.store,
+        "users": max(run.users, environment.runner.user_count if environment.runner else 0),
         "workers": runtime.worker_count, "role": runtime.role, "started": run.clock.started_epoch,
         "history_caps": run.prepared.history_caps(),
         "options": {k: v for k, v in vars(c).items() if k != "triton_headers"},
@@ -40,12 +40,24 @@ def write_final_report(environment, final: bool = False) -> dict:
     report = current_report(environment)
     thresholds = c.thresholds()  # validated before the run
     report["thresholds"] = None if thresholds.empty else verdict(evaluate(report, thresholds))
+    if c.workload == "timeline" and environment.hstu.role != "worker":  # the hit ratio each request met
+        from hstu_replay.loadtest.records import read_records
+        from hstu_replay.report.natural import natural_section, write_natural_csv
+
+        records = read_records(Path(c.report_dir))
+        report["natural"] = natural_section(records)
+        write_natural_csv(records, Path(c.report_dir))
     paths = write_reports(report, Path(c.report_dir))
+    environment.hstu.run.report = report
     if final:
         print(format_table(latency_table(report)), flush=True)
         html = paths.get("html")
         print(f"hstu-replay: report written to {Path(c.report_dir).resolve()}"
               + (f" (open {Path(html).resolve()})" if html else ""), flush=True)
+        natural = report.get("natural")
+        if natural and natural["requests"]:
+            print(f"hstu-replay: natural replay: emergent hit ratio {natural['hit_ratio']:.4f} "
+                  f"({natural['hit_source']}) over {natural['requests']} measured requests", flush=True)
         lost = sum(s["hits_lost"] for s in report["stages"])
         if lost:
             print(f"hstu-replay: warning: {lost} requests found less cached than predicted "

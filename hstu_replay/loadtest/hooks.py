@@ -98,6 +98,7 @@ def _start_sweep(environment) -> None:
     if run is None:
         return
     run.clock.start()  # no-op when the sweep already runs (the web UI changed the user count)
+    run.users = max(run.users, environment.runner.user_count)
     if isinstance(environment.runner, MasterRunner):
         environment.runner.send_message(SWEEP_CLOCK, run.clock.elapsed_s())
 

@@ -33,6 +33,7 @@ TARGET_OPTIONS = ("triton_url", "triton_protocol", "triton_ssl")
 # an option listed in none is in DEFAULT_GROUP.
 GROUPS = {
     "Data": ("workload", "store", "dump_dir", "candidates", "max_history", "max_values", "seed"),
+    "Natural replay (--workload timeline)": ("time_scale", "time_slice_ms", "timeline_shard"),
     "Sweep and load": (),
     "Server cache": ("cache_budget_tokens", "cache_page_tokens"),
     "Checks and report": ("verify_fraction", "tolerance", "max_mismatches", "max_error_ratio", "max_p99_ms",
@@ -53,17 +54,24 @@ class LoadTestConfig:
     triton_protocol: str = _opt("--triton-protocol", "grpc", "grpc or http, for an address without a scheme")
     triton_model: str = _opt("--triton-model", "hstu_gr_ranking_kvcache", "Model name; its interface is detected")
     triton_ssl: bool = _opt("--triton-ssl", False, "Use TLS, for an address without a scheme")
-    triton_root_cert: str = _opt("--triton-root-cert", "", "PEM root certificates for gRPC TLS")
+    triton_root_cert: str = _opt("--triton-root-cert", "", "PEM file of the CA(s) that signed the server's certificate")
     triton_headers: str = _opt("--triton-headers", "", "Extra request headers, 'name=value,name=value' (secret: never "
                               "shown, logged or sent to workers; give each process its own)", secret=True)
     triton_timeout: float = _opt("--triton-timeout", 30.0, "Seconds before a request counts as timed out")
-    workload: str = _opt("--workload", "sessions", "sessions (replay a prepared store) or dumps (NVIDIA dump dir)")
+    workload: str = _opt("--workload", "sessions", "sessions (replay a prepared store), dumps (NVIDIA dump dir) "
+                         "or timeline (natural replay of a store in the log's time order)")
     store: str = _opt("--store", "", "Prepared KuaiRand store (hstu-replay data prepare)")
     dump_dir: str = _opt("--dump-dir", "", "NVIDIA-format dump directory (hstu-replay target dump)")
     hit_ratios: str = _opt("--hit-ratios", "0,0.5,1.0", "Target KV-cache hit ratios, one stage each")
     batch_sizes: str = _opt("--batch-sizes", "1", "Users per request (1..8), one sweep each")
     arrival: str = _opt("--arrival", "closed", "closed (back to back), constant or poisson (open loop)")
     request_rate: float = _opt("--request-rate", 0.0, "Open loop: measured requests per second, all users together")
+    time_scale: float = _opt("--time-scale", 0.0, "Timeline: replay the log this many times faster than recorded "
+                             "(0: at --request-rate, or back to back)")
+    time_slice_ms: int = _opt("--time-slice-ms", 0, "Timeline: visits in one slice of log time share a request "
+                              "(up to the batch size; 0: one visit per request)")
+    timeline_shard: str = _opt("--timeline-shard", "", "Timeline: replay only shard i of n of the users "
+                               "('i/n': store index modulo n), as one of n servers would see them")
     stage_seconds: float = _opt("--stage-seconds", 10.0, "Measured seconds per stage")
     stage_requests: int = _opt("--stage-requests", 0,
                                "End a stage after this many measured requests (0: on --stage-seconds only, "
@@ -97,6 +105,20 @@ class LoadTestConfig:
         return tuple(int(x) for x in _float_list(self.batch_sizes, "--batch-sizes"))
 
     @property
+    def shard(self) -> tuple[int, int]:
+        """(i, n) of --timeline-shard; (0, 1): every user."""
+        if not self.timeline_shard:
+            return 0, 1
+        i, sep, n = str(self.timeline_shard).partition("/")
+        try:
+            shard = int(i), int(n)
+        except ValueError:
+            shard = (-1, 0)
+        if not sep or not 0 <= shard[0] < shard[1]:
+            raise ConfigError(f"--timeline-shard {self.timeline_shard!r}: give i/n with 0 <= i < n, e.g. 0/2")
+        return shard
+
+    @property
     def limits(self) -> Limits:
         return Limits(max_history=self.max_history, max_values=self.max_values)
 
@@ -112,10 +134,18 @@ class LoadTestConfig:
             raise ConfigError(f"--hit-ratios {self.hit_ratios!r}: every ratio must lie in 0..1")
         if any(not 1 <= b <= 8 for b in self.batches) or any(b != int(b) for b in _float_list(self.batch_sizes, "--batch-sizes")):
             raise ConfigError(f"--batch-sizes {self.batch_sizes!r}: whole numbers in 1..8")
-        if self.workload not in ("sessions", "dumps"):
-            raise ConfigError(f"--workload {self.workload!r}: use sessions or dumps")
-        if self.workload == "sessions" and not self.store:
-            raise ConfigError("--workload sessions needs --store (a prepared KuaiRand store)")
+        if self.workload not in ("sessions", "dumps", "timeline"):
+            raise ConfigError(f"--workload {self.workload!r}: use sessions, dumps or timeline")
+        if self.workload in ("sessions", "timeline") and not self.store:
+            raise ConfigError(f"--workload {self.workload} needs --store (a prepared KuaiRand store)")
+        if self.time_scale < 0 or self.time_slice_ms < 0:
+            raise ConfigError(f"--time-scale {self.time_scale} / --time-slice-ms {self.time_slice_ms}: use 0 or more")
+        if self.time_scale > 0 and self.workload != "timeline":
+            raise ConfigError("--time-scale replays the log's own times: only with --workload timeline")
+        if self.shard != (0, 1) and self.workload != "timeline":
+            raise ConfigError("--timeline-shard splits a natural replay's users: only with --workload timeline")
+        if self.time_scale > 0 and self.arrival != "closed":
+            raise ConfigError("--time-scale sets the send times itself: leave --arrival closed")
         if self.workload == "dumps" and not self.dump_dir:
             raise ConfigError("--workload dumps needs --dump-dir")
         if self.arrival not in ARRIVALS:

@@ -14,6 +14,8 @@ from hstu_replay.loadtest.options import LoadTestConfig
 from hstu_replay.loadtest.schedule import Schedule
 from hstu_replay.plan.workloads import Workload, WorkloadOptions, open_workload
 
+NATURAL = float("nan")  # the target ratio of a natural-replay stage: none, the ratio emerges
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -60,11 +62,15 @@ def prepare(config: LoadTestConfig, placement: Placement, binding: ModelBinding 
     binding = binding or connect(config)
     workload = None
     if placement.role != "master":
-        options = WorkloadOptions(config.store if config.workload == "sessions" else config.dump_dir,
+        options = WorkloadOptions(config.dump_dir if config.workload == "dumps" else config.store,
                                   config.candidates, config.limits, config.seed, placement.worker_index,
-                                  placement.worker_count)
+                                  placement.worker_count, config.time_scale,
+                                  config.request_rate if config.arrival != "closed" else 0.0, config.time_slice_ms,
+                                  config.shard)
         workload = open_workload(config.workload, options)
         workload.check(config.batches)
     ratios = config.ratios if binding.interface.uses_cache else (0.0,)  # nothing to hit: one cold stage
+    if config.workload == "timeline":
+        ratios = (NATURAL,)  # one stage: the hit ratio is whatever the server's cache gives
     schedule = Schedule(config.batches, ratios, config.warmup_seconds, config.stage_seconds)
     return PreparedRun(config, placement, binding, schedule, workload)

@@ -48,6 +48,8 @@ class ActiveRun:
         self._clients: list = []
         self._said: set[str] = set()
         self.ended = False  # set at test stop
+        self.report: dict | None = None  # the last report written (what report.json holds)
+        self.users = 0  # the most users spawned at once (Locust's count is 0 again once the test stops)
 
     def new_user_index(self) -> int:
         return next(self._users)

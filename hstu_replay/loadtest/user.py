@@ -59,11 +59,11 @@ class HstuUser(User):
     @task
     def replay(self):
         run = self.run
-        if run is None or not run.clock.started or run.clock.over():
+        if run is None or not run.clock.started or run.clock.over() or getattr(self.source, "exhausted", False):
             gevent.sleep(IDLE_S)
             return
         intended = None
-        if run.config.arrival != "closed":
+        if run.config.arrival != "closed" and run.config.workload != "timeline":  # a timeline's steps say when
             self.arrivals = self.arrivals or self._arrival_clock()
             intended = self.arrivals.next()
         position = run.clock.position(intended)
@@ -81,6 +81,12 @@ class HstuUser(User):
             run.say_once(f"a step could not be planned: {exc}")
             gevent.sleep(PLAN_BACKOFF_S)
             return
+        if step.send_at_s is not None:  # natural replay: the request goes at its own time
+            intended = run.clock.started_at + step.send_at_s
+            position = run.clock.position(intended)
+            if position is None:  # after the end of the sweep: not sent
+                run.cache.retire(self.source.settle(step, False))
+                return
         kind = "warmup" if position.warming_up else "measure"
         outcome = None
         if step.prime is not None and run.prepared.caches:  # sent before the intended time: not charged

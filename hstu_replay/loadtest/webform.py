@@ -11,6 +11,7 @@ config first, so a bad value is refused there too.
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -19,6 +20,18 @@ from hstu_replay.loadtest.options import PATH_OPTIONS, SECRETS, TARGET_OPTIONS, 
 
 LOCUST_FIELDS = frozenset({"user_count", "spawn_rate", "host", "run_time", "user_classes", "shape_class", "profile"})
 OPTION_FIELDS = frozenset(f.name for f in fields(LoadTestConfig))
+
+
+def form_name(dest: str) -> str:
+    """The name Locust's web form submits an option under: its page camel-cases the option for
+    the field and snake-cases it back on submit, which splits digits (max_p99_ms -> max_p9_9ms)."""
+    camel = re.sub(r"_([a-z0-9])", lambda m: m.group(1).upper(), dest)
+    return re.sub(r"([a-z0-9])([A-Z0-9])", r"\1_\2", camel).lower()
+
+
+#: Submitted field name -> option, where the form's round trip renames it (Locust's /swarm then
+#: ignores the field: `apply_renamed` sets the option instead).
+RENAMED = {form_name(name): name for name in OPTION_FIELDS if form_name(name) != name}
 
 
 @dataclass(frozen=True)
@@ -61,8 +74,8 @@ def show_paths(parser, policy: FormPolicy | None) -> None:
 def check_form(form, options, host: str | None, policy: FormPolicy, secrets: dict) -> None:
     """Raise ConfigError naming the first field the form may not set, or the first bad value."""
     trial = dict(vars(options))
-    for key in form.keys():
-        value = form.get(key)
+    for submitted in form.keys():
+        value, key = form.get(submitted), RENAMED.get(submitted, submitted)
         if key in LOCUST_FIELDS:
             continue
         if key in SECRETS:
@@ -94,6 +107,13 @@ def _check_path(key: str, value: str, root: Path | None) -> None:
         raise ConfigError(f"{flag} {value!r} resolves to {resolved}, outside --web-paths-root {root}")
 
 
+def apply_renamed(form, options) -> None:
+    """Set the options whose fields the form renamed (a checked form), as /swarm sets the others."""
+    for submitted, key in RENAMED.items():
+        if submitted in form:
+            setattr(options, key, _as_locust_sets(getattr(options, key, None), form.get(submitted)))
+
+
 def _as_locust_sets(current, value: str):
     """The value Locust's /swarm stores for a form field (it keeps the option's type)."""
     if isinstance(current, bool):
@@ -121,4 +141,5 @@ def install(environment, policy: FormPolicy, secrets: dict) -> None:
         except ConfigError as exc:
             print(f"hstu-replay: web form refused: {exc}", flush=True)
             return jsonify({"success": False, "message": str(exc), "host": environment.host})
+        apply_renamed(request.form, environment.parsed_options)
         return None

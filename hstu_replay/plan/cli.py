@@ -1,4 +1,5 @@
-"""`hstu-replay plan export-perf-analyzer`: a planned trace as perf_analyzer `--input-data` JSON.
+"""`hstu-replay plan export-perf-analyzer`: a planned trace as perf_analyzer `--input-data` JSON;
+`hstu-replay plan cache-curve`: a store's natural-replay hit ratio at every KV-cache budget.
 
 The requests come from the sources the load test uses (dump replay or session replay, one
 virtual user's cache keys), primes included in send order.
@@ -42,6 +43,21 @@ def add_commands(groups) -> None:
     export.add_argument("--key-nonce", type=int,
                         help="fixed run nonce of the cache keys (default random: fresh keys every export)")
     export.set_defaults(func=_export)
+
+    curve = actions.add_parser("cache-curve", help="hit ratio vs KV-cache budget of a store's natural replay")
+    curve.add_argument("--store", required=True, metavar="STORE", help="prepared store to replay")
+    curve.add_argument("--budgets", default="", metavar="TOKENS,...",
+                       help="budgets (tokens) to report, e.g. 100000,1000000 (the whole curve is written anyway)")
+    curve.add_argument("--out", metavar="DIR", help="write curve.json, curve.csv and curve.png here")
+    curve.add_argument("--candidates", type=int, default=16, help="candidates per visit, at most (default 16)")
+    curve.add_argument("--max-history", type=int, default=4096, help="longest history in items (default 4096)")
+    curve.add_argument("--max-values", type=int, default=40_000,
+                       help="largest len(values) the model takes (default 40000)")
+    curve.add_argument("--batch-size", type=int, default=1, help="most visits per request, 1..8 (default 1)")
+    curve.add_argument("--time-slice-ms", type=int, default=0,
+                       help="visits of one time slice share a request (default 0: one visit per request)")
+    curve.add_argument("--page-tokens", type=int, default=32, help="KV-cache page size in tokens (default 32)")
+    curve.set_defaults(func=_cache_curve)
 
 
 def _check(args: argparse.Namespace) -> tuple[ModelInterface, float, Limits]:
@@ -96,4 +112,41 @@ def _export(args: argparse.Namespace) -> int:
         print(f"note: perf_analyzer loops over the list; after {summary.entries} requests the keys are warm "
               f"and primes shorten held histories: stop it there (--request-count {summary.entries}) "
               f"or empty the cache between passes")
+    return 0
+
+
+def _cache_curve(args: argparse.Namespace) -> int:
+    from hstu_replay.plan.curve_report import CurveOptions, curve_json, store_curve, write_curve
+
+    limits = Limits(max_history=args.max_history, max_values=args.max_values)
+    for name, value, low, high in (("--batch-size", args.batch_size, 1, limits.max_batch),
+                                   ("--candidates", args.candidates, 1, limits.max_candidates),
+                                   ("--max-history", args.max_history, 1, None),
+                                   ("--max-values", args.max_values, 1, None),
+                                   ("--time-slice-ms", args.time_slice_ms, 0, None),
+                                   ("--page-tokens", args.page_tokens, 1, None)):
+        if value < low or (high is not None and value > high):
+            bounds = f"{low}..{high}" if high is not None else f">= {low}"
+            raise ConfigError(f"{name} must be {bounds}, got {value}")
+    try:
+        budgets = [int(b) for b in args.budgets.split(",") if b.strip()]
+    except ValueError:
+        raise ConfigError(f"--budgets {args.budgets!r}: give whole token counts, e.g. 100000,1000000") from None
+    if any(b < 0 for b in budgets):
+        raise ConfigError(f"--budgets {args.budgets!r}: budgets cannot be negative")
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ConfigError(f"--out {args.out}: exists and is not a folder")
+    options = CurveOptions(args.store, args.candidates, limits, args.batch_size, args.time_slice_ms, args.page_tokens)
+    curve, info = store_curve(options)
+    summary = curve_json(curve, info, options, budgets)
+    print(f"{args.store}: {info['visits']:,} visits of {info['users']:,} users in {curve.requests:,} requests, "
+          f"{curve.total_tokens:,} history tokens; curve computed in {info['seconds']:.2f} s")
+    print(f"every return hits from {curve.all_fit_tokens:,} tokens (ratio {curve.max_ratio:.4f}); "
+          f"exact from {curve.exact_from_tokens:,} tokens (the largest request)")
+    for b in summary["budgets"]:
+        print(f"  budget {b['budget_tokens']:>14,} tokens: hit ratio {b['hit_ratio']:.4f}"
+              + ("" if b["exact"] else " (below the largest request: approximate)"))
+    if args.out is not None:
+        for path in write_curve(Path(args.out), curve, summary):
+            print(f"wrote {path}")
     return 0

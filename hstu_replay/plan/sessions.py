@@ -32,6 +32,11 @@ class _Slot:
     sent: int = 0  # history items the key holds (as far as this slot knows)
 
 
+def visit_starts(times_ms: np.ndarray) -> np.ndarray:
+    """Indexes where a user's visits begin after the first: events after a gap of 60 s or more."""
+    return np.flatnonzero(np.diff(np.asarray(times_ms)) >= SESSION_GAP_MS) + 1
+
+
 def usable_users(store, candidates: int) -> list[int]:
     """Store users with more events than `candidates` (the rest cannot be replayed)."""
     return [u for u in range(len(store)) if len(store.user(u).video_ids) > candidates]
@@ -107,8 +112,7 @@ class SessionSource:
         """End of the first visit that adds at least one event after `after` items."""
         bounds = self._boundaries.get(user)
         if bounds is None:
-            times = np.asarray(self.store.user(user).times_ms)
-            bounds = np.flatnonzero(np.diff(times) >= SESSION_GAP_MS) + 1
+            bounds = visit_starts(self.store.user(user).times_ms)
             self._boundaries[user] = bounds
         i = np.searchsorted(bounds, after, side="right")
         end = int(bounds[i]) if i < len(bounds) else len(self.store.user(user).video_ids)

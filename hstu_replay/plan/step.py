@@ -20,3 +20,4 @@ class PlannedStep:
     label: str = ""  # names the request in failures: dump batch or user/visit
     target_ratio: float = 0.0
     handles: tuple = ()  # the source's own bookkeeping for `settle` (slots, dump entries)
+    send_at_s: float | None = None  # natural replay: when it goes, in seconds after the sweep's start

@@ -35,6 +35,10 @@ class WorkloadOptions:
     seed: int = 0
     worker_index: int = 0
     worker_count: int = 1
+    time_scale: float = 0.0  # natural replay: log time / this; 0: by request_rate or back to back
+    request_rate: float = 0.0
+    slice_ms: int = 0  # natural replay: visits of one slice share a request (0: one visit each)
+    shard: tuple[int, int] = (0, 1)  # natural replay: only users i of n (store index modulo n)
 
 
 class Workload(Protocol):
@@ -124,6 +128,48 @@ class DumpWorkload:
         return DumpSource(self.pool, self.dealer, self.held, keys, self.options.limits)
 
 
+class TimelineWorkload:
+    """Natural replay: every user's visits in the log's time order, each user on one key."""
+
+    name, flag = "timeline", "--store"
+
+    def __init__(self, options: WorkloadOptions):
+        from hstu_replay.data.store import SequenceStore
+
+        self.options = options
+        self.store = _open(self.flag, options.path, SequenceStore.open)
+        self.timeline = None
+
+    def check(self, batch_sizes: tuple[int, ...]) -> None:
+        from hstu_replay.plan.timeline import Timeline, build_trace, group_requests, shard_trace
+
+        o = self.options
+        if len(batch_sizes) != 1:
+            raise ConfigError(f"--workload timeline replays the log once: give one batch size, not {batch_sizes}")
+        (batch,) = batch_sizes
+        if self.history_cap(batch) < 1:
+            raise ConfigError(f"--max-values {o.limits.max_values}: no room for any history at batch {batch} "
+                              f"with --candidates {o.candidates}")
+        whole = build_trace(self.store, o.candidates, o.limits, batch)
+        trace = shard_trace(shard_trace(whole, *o.shard), o.worker_index, o.worker_count, stride=o.shard[1])
+        if not len(trace):
+            raise ConfigError(f"--store {o.path}: no user (of this shard and worker) comes back after a gap of 60 s: "
+                              "nothing to replay")
+        self.timeline = Timeline(self.store, trace, group_requests(trace, o.slice_ms, batch), o.candidates,
+                                 o.limits, o.time_scale, o.request_rate,
+                                 start_ms=int(whole.times_ms[0]) if len(whole) else None)
+
+    def history_cap(self, batch_size: int) -> int:
+        return self.options.limits.history_cap(batch_size, self.options.candidates)
+
+    def source(self, keys: KeyAllocator) -> StepSource:
+        from hstu_replay.plan.timeline import TimelineSource
+
+        if self.timeline is None:
+            raise ConfigError("--workload timeline: checked against a batch size before any source")
+        return TimelineSource(self.timeline, keys)
+
+
 def _open(flag: str, path: str, opener: Callable):
     if not path:
         raise ConfigError(f"{flag} is required")
@@ -135,7 +181,8 @@ def _open(flag: str, path: str, opener: Callable):
 
 
 #: --workload name -> its class
-WORKLOADS: dict[str, Callable[[WorkloadOptions], Workload]] = {w.name: w for w in (SessionWorkload, DumpWorkload)}
+WORKLOADS: dict[str, Callable[[WorkloadOptions], Workload]] = {
+    w.name: w for w in (SessionWorkload, DumpWorkload, TimelineWorkload)}
 
 
 def open_workload(name: str, options: WorkloadOptions) -> Workload:

@@ -4,6 +4,6 @@
 here imports torch.
 """
 
-from hstu_replay.reference.native import BatchDiff, ReplayResult, build, replay
+from hstu_replay.reference.native import BatchDiff, ReplayResult, build, produce_reference, replay
 
-__all__ = ["BatchDiff", "ReplayResult", "build", "replay"]
+__all__ = ["BatchDiff", "ReplayResult", "build", "produce_reference", "replay"]

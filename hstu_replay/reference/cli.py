@@ -27,8 +27,12 @@ def add_commands(groups: Any) -> None:
     replay.add_argument("--dump-dir", required=True, help="directory of batch_NNNNNN_*.pt files")
     replay.add_argument("--tolerance", type=float, default=native.DEFAULT_TOLERANCE,
                         help="max absolute logit difference accepted")
-    replay.add_argument("--write-reference", metavar="NAME",
-                        help="also write the C++ outputs as batch_NNNNNN_<NAME>.pt into the dump directory")
+    written = replay.add_mutually_exclusive_group()
+    written.add_argument("--write-reference", metavar="NAME",
+                         help="also write the C++ outputs as batch_NNNNNN_<NAME>.pt into the dump directory")
+    written.add_argument("--produce-reference", action="store_true",
+                         help="write the C++ outputs as batch_NNNNNN_compiled_logits.pt into a dump that has no "
+                              "reference logits yet (nothing is compared)")
     replay.add_argument("--timeout", type=float, default=native.REPLAY_TIMEOUT_S, help="seconds for the whole replay")
     _build_dir_arg(replay)
     replay.set_defaults(func=_replay)
@@ -51,6 +55,10 @@ def _replay(args: argparse.Namespace) -> int:
         package = RepositoryLayout(Path(args.repository)).package(NOCACHE)
     else:
         package = Path(args.package)
+    if args.produce_reference:
+        written = native.produce_reference(package, args.dump_dir, build_dir=args.build_dir, timeout=args.timeout)
+        print(f"hstu-replay: wrote compiled_logits for {written} batches into {args.dump_dir}")
+        return 0
     result = native.replay(package, args.dump_dir, args.tolerance, args.write_reference,
                            build_dir=args.build_dir, timeout=args.timeout)
     sys.stdout.write(result.output)

@@ -33,6 +33,7 @@ BUILD_JOBS = 2
 _BATCH_LINE = re.compile(
     r"(?P<name>batch_\d{6,}) max_abs_diff=(?P<max>\S+) mean_abs_diff=(?P<mean>\S+) rows=(?P<rows>\d+) "
     r"(?P<verdict>ok|FAIL)\b")
+_WRITTEN_LINE = re.compile(r"(?P<name>batch_\d{6,}) wrote=compiled_logits rows=(?P<rows>\d+)$")
 _DIAGNOSTIC = re.compile(r"\b(fatal )?error: ")  # gcc, clang, collect2
 _ERROR_WORD = re.compile(r"\berror\b", re.IGNORECASE)
 # make's own "*** [target] Error 1" and CMake's closing line repeat an error, they never explain it.
@@ -181,17 +182,38 @@ def replay(package: str | Path, dump_dir: str | Path, tolerance: float = DEFAULT
                "--tolerance", repr(float(tolerance))]
     if write_reference is not None:
         command += ["--write-reference", write_reference]
+    proc = _run(command, dump_dir, timeout)
+    batches = tuple(
+        BatchDiff(m["name"], float(m["max"]), float(m["mean"]), int(m["rows"]), m["verdict"] == "ok")
+        for m in map(_BATCH_LINE.match, proc.stdout.splitlines()) if m
+    )
+    return ReplayResult(batches, proc.returncode == 0, proc.returncode, proc.stdout)
+
+
+def produce_reference(package: str | Path, dump_dir: str | Path, *, build_dir: str | Path | None = None,
+                      timeout: float = REPLAY_TIMEOUT_S) -> int:
+    """Write `package`'s logits for every batch of `dump_dir` as its `compiled_logits`, from C++.
+
+    The dump must hold no reference logits yet (the program refuses before writing anything).
+    Returns the number of batches written; an error of the program raises InputError.
+    """
+    command = [str(build(build_dir)), "--package", str(package), "--dump-dir", str(dump_dir), "--produce-reference"]
+    proc = _run(command, dump_dir, timeout)
+    written = [m for m in map(_WRITTEN_LINE.match, proc.stdout.splitlines()) if m]
+    if proc.returncode != 0 or not written:
+        raise InputError(f"{BINARY_NAME} wrote no reference into {dump_dir} (exit {proc.returncode})")
+    return len(written)
+
+
+def _run(command: list[str], dump_dir: str | Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run the program; its comparison verdicts (exit 0, 2) come back, anything else raises."""
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise HstuReplayError(f"the C++ replay of {dump_dir} did not finish within {timeout:g} s") from None
     if proc.returncode not in (0, 2):
         raise InputError(_failure_line(proc))
-    batches = tuple(
-        BatchDiff(m["name"], float(m["max"]), float(m["mean"]), int(m["rows"]), m["verdict"] == "ok")
-        for m in map(_BATCH_LINE.match, proc.stdout.splitlines()) if m
-    )
-    return ReplayResult(batches, proc.returncode == 0, proc.returncode, proc.stdout)
+    return proc
 
 
 def _failure_line(proc: subprocess.CompletedProcess[str]) -> str:

@@ -15,6 +15,17 @@ from hstu_replay.stats.run_stats import BinKey, BinStats
 RATIO_TOLERANCE = 0.005
 
 
+#: What each flag means for the stage's figures, in words (reports explain the flags they show).
+FLAG_MEANINGS = {
+    "thin": "fewer measured requests than --min-stage-requests: its percentiles rest on too few samples",
+    "off-target": "the achieved hit ratio lies farther from the target than max(0.005, one cache page / mean "
+                  "history tokens): the stage measured another ratio than the one asked for",
+    "client-bound": "a load-generator process used >= 90% of a core, or its event loop ran late: the client's "
+                    "own queueing may read as server latency",
+    "server-down": "the server was unreachable for part of the stage: its figures mix outage and service",
+}
+
+
 @dataclass(frozen=True)
 class StageRules:
     min_requests: int = 30  # measured requests below which a stage is thin

@@ -1,4 +1,8 @@
-"""One self-contained HTML page of a report: inline CSS, plots as data URIs, no scripts or links.
+"""One self-contained HTML page of a report: inline CSS and SVG charts, no scripts or links.
+
+It reads as a report: when the run started and the report was written (UTC), the verdict, the
+latency-vs-hit-ratio charts and table, the stages with their flags explained, verification,
+the server's figures, errors, the run and its options (secrets never shown).
 
 Every string from the report is escaped: model names, URLs and error reasons come from
 the command line, the server and the network.
@@ -6,14 +10,16 @@ the command line, the server and the network.
 
 from __future__ import annotations
 
-import base64
 import html
 import json
+import re
 from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
 from typing import Any
 
-from hstu_replay.report.plots import PLOT_NAMES
-from hstu_replay.report.summary import NO_VALUE, latency_table
+from hstu_replay.report.flags import FLAG_MEANINGS
+from hstu_replay.report.summary import NO_VALUE, latency_table, target_name
+from hstu_replay.report.svg import charts
 
 CSS = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
@@ -24,9 +30,16 @@ th { background: #f2f2f2; } td.text { text-align: left; }
 .verdict { padding: .6em 1em; border-radius: 4px; font-weight: bold; }
 .pass { background: #e3f6e3; color: #185c18; } .fail { background: #fbe4e4; color: #8a1414; }
 .none { background: #f2f2f2; color: #555; }
-img { display: block; margin: .8em 0; max-width: 100%; }
+.charts { display: flex; flex-wrap: wrap; gap: 1em; margin: .8em 0; }
+.charts svg { flex: 1 1 28em; max-width: 40em; height: auto; }
+dt { font-weight: bold; } dd { margin: 0 0 .5em 1.5em; }
 .meta { color: #666; }
 """
+
+#: Option names whose values are never shown (request headers carry auth tokens).
+SECRET_OPTION = re.compile(r"(^|_)(headers?|token|password|secret|credentials?|auth)$")
+HIDDEN = "(hidden)"
+NOT_SET = "(not set)"
 
 
 def _e(value: Any) -> str:
@@ -66,20 +79,87 @@ def _verdict(thresholds: Mapping | None) -> str:
     return "".join(parts)
 
 
+def utc_time(value: float | str | None) -> str:
+    """A moment as 'YYYY-MM-DD HH:MM:SS UTC', from epoch seconds or an ISO 8601 string."""
+    if value is None or value == "":
+        return NO_VALUE
+    when = (datetime.fromtimestamp(value, timezone.utc) if isinstance(value, (int, float))
+            else datetime.fromisoformat(value))
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _seconds(value: float | str) -> float:
+    return float(value) if isinstance(value, (int, float)) else datetime.fromisoformat(value).timestamp()
+
+
+def duration(seconds: float) -> str:
+    """'45 s', '2 min 5 s', '1 h 3 min' (rounded to the second)."""
+    total = round(seconds)
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes} min"
+    return f"{minutes} min {secs} s" if minutes else f"{secs} s"
+
+
+def _meta(report: Mapping) -> str:
+    started, written = (report.get("run") or {}).get("started"), report.get("created")
+    parts = [f"{_e(report['tool'])} {_e(report['version'])}", f"started {_e(utc_time(started))}",
+             f"report written {_e(utc_time(written))}"]
+    if started is not None and written:
+        parts[-1] += f" ({_e(duration(_seconds(written) - _seconds(started)))} after the start)"
+    return f'<p class="meta">{" &middot; ".join(parts)}</p>'
+
+
+def _value(value: Any) -> str:
+    """An option or run value in words."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value == "":
+        return NOT_SET
+    return f"{value:g}" if isinstance(value, float) else _cell(value)
+
+
+#: How the run's fields read; fields not named here keep their key.
+RUN_LABELS = {
+    "model": "model", "interface": "interface", "caches": "model keeps a KV cache",
+    "reports_hits": "server reports its cache hits", "url": "Triton address", "protocol": "protocol",
+    "workload": "workload", "source": "data", "users": "users", "workers": "worker processes",
+    "role": "written by", "started": "started", "history_caps": "history caps",
+}
+
+
 def _run(run: Mapping) -> str:
-    return _table(["", "value"], ([k, _cell(v)] for k, v in run.items()), text_cols=2)
+    rows = []
+    for key, value in run.items():
+        if key == "options":
+            continue
+        if key == "started":
+            shown = utc_time(value)
+        elif key == "history_caps":
+            shown = "; ".join(f"batch {b}: {c:,} items" for b, c in value.items()) if value else "none"
+        else:
+            shown = _value(value)
+        rows.append([RUN_LABELS.get(key, key.replace("_", " ")), shown])
+    return _table(["", "value"], rows, text_cols=2)
 
 
-def _images(png_bytes: Mapping[str, bytes]) -> str:
-    names = [n for n in PLOT_NAMES if n in png_bytes] + sorted(set(png_bytes) - set(PLOT_NAMES))
-    return "".join(
-        f'<img alt="{_e(n)}" src="data:image/png;base64,'
-        f'{base64.b64encode(png_bytes[n]).decode("ascii")}">' for n in names)
+def _options(options: Mapping | None) -> str:
+    if not options:
+        return "<p>No options recorded.</p>"
+    rows = ([name, HIDDEN if SECRET_OPTION.search(name) else _value(value)] for name, value in options.items())
+    return _table(["option", "value"], rows, text_cols=2)
 
 
 #: Where a stage's achieved hit ratio comes from, in words.
 SOURCE_LABEL = {"observed": "server-reported (observed)", "predicted": "client cache model (predicted)",
                 None: NO_VALUE}
+
+
+def source_label(source: str | None) -> str:
+    return SOURCE_LABEL.get(source, str(source))
 
 
 def _interval(pair: list) -> str:
@@ -89,16 +169,31 @@ def _interval(pair: list) -> str:
 
 def _stages(stages: list[dict]) -> str:
     header = ["stage", "batch", "target", "expected", "predicted", "observed", "achieved",
-              "achieved from", "hit disagreements", "requests", "p50 95% CI ms", "p99 95% CI ms",
-              "client CPU peak", "loop lag p99 ms", "flags"]
-    rows = ([s["name"], s["batch_size"], f"{s['target_ratio']:g}",
+              "achieved from", "hit disagreements", "requests", "mean ms", "ms per logical request",
+              "p50 95% CI ms", "p99 95% CI ms", "client CPU peak", "loop lag p99 ms", "flags"]
+    rows = ([s["name"], s["batch_size"], target_name(s["target_ratio"]),
              *(NO_VALUE if s[k] is None else f"{s[k]:.3f}"
                for k in ("expected_ratio", "predicted_ratio", "observed_ratio", "achieved_ratio")),
-             SOURCE_LABEL[s["hit_source"]], s["hit_disagreements"], s["requests"],
+             source_label(s["hit_source"]), s["hit_disagreements"], s["requests"],
+             *(NO_VALUE if s[k] is None else f"{s[k]:.3f}" for k in ("mean_ms", "ms_per_logical_request")),
              _interval(s["p50_ci_ms"]), _interval(s["p99_ci_ms"]), f"{s['client_cpu_peak']:.0%}",
              NO_VALUE if s["loop_lag_p99_ms"] is None else f"{s['loop_lag_p99_ms']:.1f}",
              "; ".join(f"{f['flag']}: {f['reason']}" for f in s["flags"]) or "ok"] for s in stages)
     return _table(header, rows, text_cols=1, text_last=True)
+
+
+def _flags(stages: list[dict]) -> str:
+    """What each flag shown means, and which stages carry it."""
+    seen: dict[str, list[str]] = {}
+    for s in stages:
+        for f in s["flags"]:
+            seen.setdefault(f["flag"], []).append(s["name"])
+    if not seen:
+        return "<p>No stage is flagged: every stage's figures are solid.</p>"
+    items = "".join(f"<dt>{_e(flag)} ({_e(', '.join(names))})</dt>"
+                    f"<dd>{_e(FLAG_MEANINGS.get(flag, 'see the reasons in the stage table'))}</dd>"
+                    for flag, names in seen.items())
+    return (f"<p>A flagged stage keeps its figures; with thresholds set it fails the run.</p><dl>{items}</dl>")
 
 
 def _verification(report: dict) -> str:
@@ -127,23 +222,41 @@ def _errors(errors: Mapping[str, int]) -> str:
     return _table(["reason", "count"], rows, text_cols=1)
 
 
-def render_html(report: dict, png_bytes: Mapping[str, bytes]) -> str:
-    """The whole page; `png_bytes` (file name -> PNG) may be empty when plots are unavailable."""
+def _natural(section: Mapping) -> tuple[str, ...]:
+    """A natural replay: the hit ratio that emerged, latency binned by it, and both over time."""
+    keys = ("requests", "hit_ratio", "mean_ms", "p50_ms", "p99_ms")
+    return (
+        "<h2>Natural replay: the hit ratio that emerged</h2>",
+        f"<p>{_e(section['requests'])} measured requests met a hit ratio of {_e(_cell(section['hit_ratio']))} "
+        f"({_e(section['hit_source'])}); every request in <code>{_e(section['requests_csv'])}</code>.</p>",
+        _table(["hit ratio", *keys], ([f"{b['from']:.1f}-{b['to']:.1f}", *(_cell(b[k]) for k in keys)]
+                                      for b in section["by_ratio"]), text_cols=1),
+        _table(["seconds", "warm-up", *keys],
+               ([f"{w['from_s']:.0f}-{w['to_s']:.0f}", "yes" if w["warmup"] else "", *(_cell(w[k]) for k in keys)]
+                for w in section["over_time"]), text_cols=2),
+    )
+
+
+def render_html(report: dict) -> str:
+    """The whole page."""
     run = report.get("run") or {}
     title = f"hstu-replay report: {run.get('model', 'run')}"
     table = latency_table(report)
     sections = [
         f"<h1>{_e(title)}</h1>",
-        f'<p class="meta">{_e(report["tool"])} {_e(report["version"])}, '
-        f'created {_e(report["created"])}</p>',
+        _meta(report),
         _verdict(report.get("thresholds")),
-        "<h2>Run</h2>", _run(run),
-        "<h2>Latency vs hit ratio</h2>", _table(table[0], table[1:]),
-        _images(png_bytes) if png_bytes else "<p>Plots unavailable (matplotlib not installed).</p>",
+        "<h2>Latency vs hit ratio</h2>",
+        f'<div class="charts">{"".join(charts(report))}</div>',
+        _table(table[0], table[1:]),
         "<h2>Stages: target vs achieved hit ratio</h2>", _stages(report["stages"]),
+        *(_natural(report["natural"]) if report.get("natural") else ()),
+        "<h2>Flags</h2>", _flags(report["stages"]),
         "<h2>Verification</h2>", _verification(report),
         "<h2>Server-side figures</h2>", _server(report["bins"]),
         "<h2>Errors</h2>", _errors(report["errors"]),
+        "<h2>Run</h2>", _run(run),
+        "<h2>Options</h2>", _options(run.get("options")),
     ]
     body = "\n".join(sections)
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

@@ -10,6 +10,8 @@ from __future__ import annotations
 import io
 from typing import Any
 
+from hstu_replay.report import svg
+
 LATENCY_PNG = "latency_vs_hit_ratio.png"
 SPEEDUP_PNG = "speedup_vs_hit_ratio.png"
 THROUGHPUT_PNG = "throughput_vs_hit_ratio.png"
@@ -29,13 +31,7 @@ def available() -> bool:
 
 def _series(report: dict, key: str) -> dict[int, tuple[list[float], list[float]]]:
     """batch size -> (achieved ratios, values), sorted by ratio; bins lacking either left out."""
-    points: dict[int, list[tuple[float, float]]] = {}
-    for b in report["bins"]:
-        x, y = b["achieved_ratio"], b[key]
-        if x is not None and y is not None:
-            points.setdefault(b["batch_size"], []).append((x, y))
-    return {batch: ([x for x, _ in sorted(p)], [y for _, y in sorted(p)])
-            for batch, p in sorted(points.items())}
+    return {batch: ([p.x for p in points], [p.y for p in points]) for batch, points in svg.series(report, key).items()}
 
 
 def _axes(title: str, ylabel: str) -> tuple[Any, Any]:

@@ -49,6 +49,14 @@ def _speedup(baseline_ms: float | None, mean_ms: float) -> float:
     return baseline_ms / mean_ms
 
 
+def ms_per_logical_request(mean_ms: float, batch_size: int) -> float:
+    """NVIDIA's "latency per logical request" for a stage: the mean latency of its measured
+    requests divided by the users each carries. For one request in flight sent back to back this
+    is NVIDIA's end-to-end time / (Triton calls x logical batch size), less the client's own
+    time between calls (a latency is a request's time on the wire)."""
+    return mean_ms / batch_size if batch_size > 0 else math.nan
+
+
 def _cpu_ms_per_request(s: BinStats) -> float:
     """Load-generator CPU (every load-generating process, not a Locust master) per measured request
     sent, answered or not; the primes those requests needed are in it too. NaN where unsampled."""
@@ -71,6 +79,8 @@ def _stage(key: BinKey, s: BinStats, rules: StageRules) -> dict:
         "hit_disagreements": s.hit_disagreements,
         "hits_lost": s.hits_lost,
         "requests": s.requests,
+        "mean_ms": s.latency.mean_ms,
+        "ms_per_logical_request": ms_per_logical_request(s.latency.mean_ms, key.batch_size),
         "p50_ci_ms": list(s.latency.percentile_interval_ms(50)),
         "p99_ci_ms": list(s.latency.percentile_interval_ms(99)),
         "client_cpu_mean": _ratio(s.client_cpu_s, s.client_wall_s),
@@ -111,6 +121,7 @@ def _bin(key: BinKey, s: BinStats, baseline_ms: float | None, server: dict | Non
         "prime_tokens": s.prime_tokens,
         "computed_tokens_per_s": per_s(s.computed_tokens + s.prime_tokens),
         "mean_ms": h.mean_ms,
+        "ms_per_logical_request": ms_per_logical_request(h.mean_ms, key.batch_size),
         "p50_ms": h.percentile_ms(50),
         "p90_ms": h.percentile_ms(90),
         "p99_ms": h.percentile_ms(99),
@@ -185,11 +196,16 @@ def flagged_stages(report: dict) -> list[dict]:
 SOURCE_MARK = {"observed": "server", "predicted": "model", None: NO_VALUE}
 
 TABLE_HEADER = ["batch", "target", "achieved", "from", "requests", "primes", "req/s", "server req/s", "mean ms",
-                "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "speed-up", "flags"]
+                "ms/logical", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "speed-up", "flags"]
 
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return NO_VALUE if value is None else f"{value:{spec}}{suffix}"
+
+
+def target_name(ratio: float | None) -> str:
+    """A stage's target ratio as shown; a natural replay's (NaN, null in JSON) has none."""
+    return "natural" if ratio is None or math.isnan(ratio) else f"{ratio:g}"
 
 
 def latency_table(report: dict) -> list[list[str]]:
@@ -198,14 +214,16 @@ def latency_table(report: dict) -> list[list[str]]:
     for b in report["bins"]:
         rows.append([
             str(b["batch_size"]),
-            f"{b['target_ratio']:g}",
+            target_name(b["target_ratio"]),
             _fmt(b["achieved_ratio"], ".3f"),
             SOURCE_MARK[b["hit_source"]],
             str(b["requests"]),
             str(b["prime_requests"]),
             _fmt(b["throughput_rps"], ".1f"),
             _fmt(b["server_rps"], ".1f"),
-            *(_fmt(b[k], ".2f") for k in ("mean_ms", "p50_ms", "p90_ms", "p99_ms", "p999_ms")),
+            _fmt(b["mean_ms"], ".2f"),
+            _fmt(b["ms_per_logical_request"], ".3f"),
+            *(_fmt(b[k], ".2f") for k in ("p50_ms", "p90_ms", "p99_ms", "p999_ms")),
             _fmt(b["speedup"], ".2f", "x"),
             ",".join(b["flags"]) or "ok",
         ])

@@ -115,7 +115,7 @@ def _hr(ratio: float) -> str:
 
 
 def _same(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=0.0, abs_tol=_RATIO_TOL)
+    return a is not None and b is not None and math.isclose(a, b, rel_tol=0.0, abs_tol=_RATIO_TOL)
 
 
 def _at(bins: list[dict], ratio: float) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Writing a report to disk: report.json, report.csv, the PNG plots and report.html.
+"""Writing a report to disk: report.json, report.csv, the PNG plots and report.html (SVG charts).
 
 Every file is written to a temporary name beside it and renamed into place, so a killed
 process leaves either the old file or the new one, never half of one.
@@ -91,10 +91,8 @@ def write_png(report: dict, out_dir: Path, pngs: dict[str, bytes] | None = None)
     return Path(out_dir) / plots.LATENCY_PNG
 
 
-def write_html(report: dict, out_dir: Path, pngs: dict[str, bytes] | None = None) -> Path:
-    if pngs is None:
-        pngs = plots.render_plots(report) if plots.available() else {}
-    return atomic_write(Path(out_dir) / HTML_NAME, render_html(report, pngs).encode())
+def write_html(report: dict, out_dir: Path) -> Path:
+    return atomic_write(Path(out_dir) / HTML_NAME, render_html(report).encode())
 
 
 WRITERS: dict[str, Callable[[dict, Path], Path]] = {
@@ -103,7 +101,7 @@ WRITERS: dict[str, Callable[[dict, Path], Path]] = {
     "png": write_png,
     "html": write_html,
 }
-_USES_PLOTS = {"png", "html"}  # these take the plots drawn once by write_reports
+_USES_PLOTS = {"png"}  # takes the plots drawn once by write_reports
 
 
 def write_reports(
@@ -111,7 +109,7 @@ def write_reports(
 ) -> dict[str, Path | str]:
     """Write each format into `out_dir`; format -> path written, or a note why it was skipped.
 
-    Without matplotlib "png" maps to a note (a str) and the HTML page has no images.
+    Without matplotlib "png" maps to a note (a str); the HTML page draws its own charts (SVG).
     """
     formats = list(dict.fromkeys(formats))
     unknown = [f for f in formats if f not in WRITERS]

@@ -28,6 +28,8 @@ class BinKey:
     target_ratio: float
 
     def name(self) -> str:
+        if math.isnan(self.target_ratio):  # natural replay: no target, the ratio emerges
+            return f"b{self.batch_size}_natural"
         return f"b{self.batch_size}_h{ratio_name(self.target_ratio)}"
 
 

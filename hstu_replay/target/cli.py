@@ -35,6 +35,14 @@ def add_commands(groups) -> None:
                        help="CPU threads of the model (default 0: OMP_NUM_THREADS if set, else the usable cores "
                             "minus one: beside other work a model on every core slows down several-fold)")
     serve.add_argument("--log-verbose", type=int, default=0)
+    serve.add_argument("--tls-cert", default=None, help="PEM server certificate: gRPC then takes TLS only")
+    serve.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    serve.add_argument("--https-port", type=int, default=0,
+                       help="serve HTTPS here (needs --tls-cert): a TLS-terminating forwarder in front of Triton's "
+                            "HTTP port, which then listens on loopback only")
+    serve.add_argument("--require-header", default=None, metavar="NAME=VALUE",
+                       help="inference requests must carry this header (gRPC: metadata triton-grpc-protocol-NAME), "
+                            "checked by tritonserver; the value is never printed")
     serve.set_defaults(func=_serve)
 
     dump = commands.add_parser("dump", help="write NVIDIA-format reference dumps drawn from a prepared store")
@@ -82,11 +90,16 @@ def _serve(args) -> int:
     threads = apply_threads(args.threads)  # before torch's first import: OpenMP reads its environment once
     from hstu_replay.target.build import ENGINE_KINDS
     from hstu_replay.target.config import get_config
-    from hstu_replay.target.serve import ServeOptions, check_ports_free, serve
+    from hstu_replay.target.serve import RequiredHeader, ServeOptions, check_ports_free, serve
+    from hstu_replay.target.tls_proxy import TlsFiles
     from hstu_replay.target.watchdog import start_watchdog
 
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
     options = ServeOptions(args.host, args.http_port, args.grpc_port, args.metrics_port, args.cache_metrics_port,
-                           args.log_verbose)
+                           args.log_verbose, TlsFiles(args.tls_cert, args.tls_key) if args.tls_cert else None,
+                           args.https_port,
+                           RequiredHeader.parse(args.require_header) if args.require_header is not None else None)
     check_ports_free(options)
     start_watchdog()  # tritonserver and its stubs go when this process goes, even by SIGKILL
     print(f"hstu-replay: model threads {threads}", file=sys.stderr, flush=True)

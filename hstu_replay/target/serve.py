@@ -13,8 +13,11 @@ beside Triton's own /metrics (8002).
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import signal
 import socket
+import ssl
 import sys
 import sysconfig
 import threading
@@ -25,16 +28,43 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
-from hstu_replay.errors import ServerError
+from hstu_replay.errors import ConfigError, ServerError
 from hstu_replay.interface import KVCACHE, NOCACHE, PYTHON_BACKEND, ModelInterface
 from hstu_replay.request import RequestTensors
 from hstu_replay.target.batched import BatchedEngine
 from hstu_replay.target.engine import PackagedRanker, RankingEngine
+from hstu_replay.target.tls_proxy import TlsFiles, TlsForwarder
 
 CONTROL_MODEL = "hstu_kvcache_control"
 CONTROL_OUTPUTS = ("HIT_TOKENS", "COMPUTED_TOKENS", "EVICTED_USERS", "RESIDENT_TOKENS", "REQUESTS")
 #: Triton endpoints behind PyTriton's access token; statistics stay open for load-test clients.
 PROTECTED_ENDPOINTS = ["shared-memory", "model-repository", "trace", "logging"]
+ACCESS_HEADER = "triton-access-token"  # the header PyTriton's own clients send with the token
+#: Triton checks a restricted gRPC protocol's header as metadata under this prefix + the name.
+GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
+_HEADER_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")  # lower case: gRPC metadata keys must be
+_HEADER_VALUE = re.compile(r"[!-~]+")  # visible ASCII: tritonserver's arguments are split on spaces
+
+
+@dataclass(frozen=True)
+class RequiredHeader:
+    """A header every inference request must carry (`--require-header name=value`): Triton's own
+    restricted-API check answers the others with an error. The value is a secret: never printed."""
+
+    name: str
+    value: str
+
+    @classmethod
+    def parse(cls, text: str) -> RequiredHeader:
+        name, sep, value = text.partition("=")
+        name = name.strip().lower()
+        if not sep or not _HEADER_NAME.fullmatch(name) or not _HEADER_VALUE.fullmatch(value):
+            raise ConfigError("--require-header: give name=value (a name of letters, digits, '-', '_' or '.'; "
+                              "a value of visible characters without spaces)")
+        return cls(name, value)
+
+    def __repr__(self) -> str:  # never the value
+        return f"RequiredHeader({self.name!r}, <hidden>)"
 
 
 @dataclass(frozen=True)
@@ -45,15 +75,54 @@ class ServeOptions:
     metrics_port: int = 8002
     cache_metrics_port: int = 8003
     log_verbose: int = 0
+    tls: TlsFiles | None = None  # gRPC then takes TLS only, and `https_port` serves HTTPS
+    https_port: int = 0  # 0: no HTTPS; else Triton's HTTP port stays on loopback behind a TLS forwarder
+    required_header: RequiredHeader | None = None  # inference needs it, on every protocol
+
+    def __post_init__(self):
+        if self.https_port and self.tls is None:
+            raise ConfigError("--https-port needs --tls-cert and --tls-key")
+        if self.tls is not None:
+            for flag, path in (("--tls-cert", self.tls.cert), ("--tls-key", self.tls.key)):
+                if not os.path.isfile(path):
+                    raise ConfigError(f"{flag} {path!r}: no such file")
+            try:
+                self.tls.server_context()
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"--tls-cert/--tls-key: not a usable PEM certificate and key ({exc})") from None
+
+    @property
+    def http_host(self) -> str:
+        """Where Triton's plain HTTP listens: loopback alone when HTTPS stands in front of it."""
+        return ("::1" if ":" in self.host else "127.0.0.1") if self.https_port else self.host
 
     @property
     def ports(self) -> dict[str, int]:
-        return {
+        ports = {
             "http": self.http_port,
             "grpc": self.grpc_port,
             "metrics": self.metrics_port,
             "cache metrics": self.cache_metrics_port,
         }
+        return ports | ({"https": self.https_port} if self.https_port else {})
+
+    def restrictions(self, access_token: str) -> list[str]:
+        """tritonserver's `--{grpc-restricted-protocol,http-restricted-api}` values: PyTriton's
+        token on the management endpoints, and the required header on inference."""
+        rules = [f"{','.join(PROTECTED_ENDPOINTS)}:{ACCESS_HEADER}={access_token}"]
+        if self.required_header is not None:
+            rules.append(f"inference:{self.required_header.name}={self.required_header.value}")
+        return rules
+
+    def describe(self) -> str:
+        """The line printed once serving (addresses and what they require; never a secret)."""
+        grpc = f"grpc {self.grpc_port}{' (TLS)' if self.tls else ''}"
+        http = f"http {self.http_port}" + (f" on {self.http_host}, https {self.https_port}" if self.https_port else "")
+        text = f"serving on {self.host}: {grpc}, {http}, metrics {self.metrics_port}, cache metrics {self.cache_metrics_port}"
+        if self.required_header is not None:
+            name = self.required_header.name
+            text += f"; inference requires header {name} (gRPC metadata {GRPC_HEADER_PREFIX}{name})"
+        return text
 
 
 @dataclass(frozen=True)
@@ -78,14 +147,15 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
 def check_ports_free(options: ServeOptions) -> None:
     """Fail early, in one line, when a port is taken (tritonserver would only log it)."""
     for name, port in options.ports.items():
-        with socket.socket(socket.AF_INET6 if ":" in options.host else socket.AF_INET) as sock:
+        host = options.http_host if name == "http" else options.host
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
             # as tritonserver does: connections still in TIME_WAIT do not make a port "taken"
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                sock.bind((options.host, port))
+                sock.bind((host, port))
             except OSError as exc:
                 raise ServerError(
-                    f"{name} port {port} on {options.host} is taken ({exc.strerror}); choose another with --{name.replace(' ', '-')}-port"
+                    f"{name} port {port} on {host} is taken ({exc.strerror}); choose another with --{name.replace(' ', '-')}-port"
                 ) from None
 
 
@@ -180,16 +250,26 @@ def serve(engines: Engines, options: ServeOptions, stop: threading.Event | None 
 
     extra = [Tensor(name="CACHED_TOKENS", dtype=np.int64, shape=(-1,))]
     unbatched = ModelConfig(batching=False)
+    # The restrictions are written here rather than by PyTriton, which writes one rule only:
+    # the required header on inference is a second one. PyTriton's clients still send the token.
+    token = secrets.token_urlsafe(32)
+    rules = options.restrictions(token)
+    tls = options.tls
     config = TritonConfig(
-        http_address=options.host, http_port=options.http_port,
+        http_address=options.http_host, http_port=options.http_port,
         grpc_address=options.host, grpc_port=options.grpc_port,
         metrics_address=options.host, metrics_port=options.metrics_port,
         log_verbose=options.log_verbose, exit_on_error=True,
+        grpc_restricted_protocol=rules, http_restricted_api=rules,  # each rule one flag
+        grpc_use_ssl=tls is not None or None, grpc_server_cert=tls and tls.cert, grpc_server_key=tls and tls.key,
     )
-    security = TritonSecurityConfig(restricted_endpoints=PROTECTED_ENDPOINTS)
+    security = TritonSecurityConfig(access_token=token, restricted_endpoints=[])
     started = time.monotonic()
     metrics = start_cache_metrics(engines.cached, options)
+    https = None
     try:
+        if options.https_port:
+            https = TlsForwarder(options.host, options.https_port, (options.http_host, options.http_port), tls)
         with Triton(config=config, security_config=security) as triton:
             triton.bind(KVCACHE.model_name, _logits_handler(engines.cached, KVCACHE, True),
                         inputs=tensors(KVCACHE.inputs), outputs=tensors(KVCACHE.outputs) + extra, config=unbatched)
@@ -201,17 +281,14 @@ def serve(engines: Engines, options: ServeOptions, stop: threading.Event | None 
                         outputs=[Tensor(name=n, dtype=np.int64, shape=(1,)) for n in CONTROL_OUTPUTS],
                         config=unbatched)
             triton.run()
-            print(
-                f"hstu-replay: serving on {options.host}: grpc {options.grpc_port}, http {options.http_port}, "
-                f"metrics {options.metrics_port}, cache metrics {options.cache_metrics_port} "
-                f"(ready in {time.monotonic() - started:.1f} s)",
-                flush=True,
-            )
+            print(f"hstu-replay: {options.describe()} (ready in {time.monotonic() - started:.1f} s)", flush=True)
             while not stop.wait(0.5):
                 if not triton.is_alive():
                     raise ServerError("tritonserver exited unexpectedly; see its log above")
     except OSError as exc:
         raise ServerError(f"tritonserver failed to start: {exc}") from None
     finally:
+        if https is not None:
+            https.close()
         metrics.shutdown()
         print("hstu-replay: server stopped", file=sys.stderr, flush=True)

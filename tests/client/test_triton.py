@@ -101,3 +101,16 @@ def _rekeyed(request, offset: int):
     from dataclasses import replace
 
     return replace(request, user_ids=request.user_ids + offset)
+
+
+def test_options_send_header_names_in_lower_case_and_never_show_their_values():
+    options = ClientOptions(headers={"X-Api-Key": "s3cr3t", " Authorization": "Bearer t0ken"})
+    assert dict(options.headers) == {"x-api-key": "s3cr3t", "authorization": "Bearer t0ken"}
+    assert "s3cr3t" not in repr(options) and "t0ken" not in repr(options) and "x-api-key" in repr(options)
+
+
+def test_a_root_certificate_without_tls_is_one_line():
+    from hstu_replay.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--triton-root-cert needs TLS"):
+        ClientOptions(root_certificates="ca.pem")

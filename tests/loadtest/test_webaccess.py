@@ -109,7 +109,7 @@ def test_the_web_login_asks_for_the_password(tmp_path):
 
     try:
         wait_listening(web, process)
-        for path in ("/", "/stats/requests", "/hstu/report.html"):
+        for path in ("/", "/stats/requests", "/hstu/report.html", "/hstu/report.json", "/hstu/charts", "/hstu/tab.js"):
             with opener.open(base + path, timeout=10) as response:  # redirected to the login page
                 assert urllib.parse.urlparse(response.geturl()).path == "/login", path
         assert post_login("alice", "wrong") == "/login"

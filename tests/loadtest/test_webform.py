@@ -80,6 +80,19 @@ def test_the_host_field_changes_the_target_only_when_opted_in(tmp_path):
     check({"host": HOST}, tmp_path)  # the form sends the shown address back: not an edit
 
 
+def test_an_option_the_form_renames_is_checked_and_applied(tmp_path):
+    from hstu_replay.loadtest.webform import apply_renamed, form_name
+
+    # what Locust's page submits for --max-p99-ms (seen from a real browser: tests/loadtest/test_browser.py)
+    assert form_name("max_p99_ms") == "max_p9_9ms" and form_name("hit_ratios") == "hit_ratios"
+    check({"max_p9_9ms": "250"}, tmp_path)
+    with pytest.raises(ConfigError, match="max-p99-ms"):
+        check({"max_p9_9ms": "soon"}, tmp_path)
+    opts = argparse.Namespace(max_p99_ms="", hit_ratios="0,1.0")
+    apply_renamed(Form({"max_p9_9ms": "0:300,1.0:120", "hit_ratios": "0,0.5"}), opts)
+    assert (opts.max_p99_ms, opts.hit_ratios) == ("0:300,1.0:120", "0,1.0")  # /swarm itself sets hit_ratios
+
+
 # -- real runs: a secret never leaves the process it was given to --------------------------------------------
 
 SENTINEL = "SENTINEL-9d41c7"

@@ -51,7 +51,7 @@ def test_a_rerun_from_the_web_ui_starts_clean(triton_server, reference_dumps, tm
                        "--triton-url", triton_server.grpc_url, "--workload", "dumps", "--dump-dir", str(reference_dumps),
                        "--hit-ratios", "0,1.0", "--batch-sizes", "1", "--stage-seconds", "2", "--warmup-seconds", "0.5",
                        "--max-history", "256", "--report-dir", str(tmp_path / "unused"),
-                       "--web-paths-root", str(tmp_path)),
+                       "--web-paths-root", str(tmp_path)),  # the form may set paths below it
         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
         _until(lambda: _get(f"{base}/stats/requests")["state"] == "ready", 60, "the web UI")
@@ -83,3 +83,28 @@ def test_a_rerun_from_the_web_ui_starts_clean(triton_server, reference_dumps, tm
     assert [int(row["requests"]) for row in tab] == [b["requests"] for b in report["bins"]]
     locust_total = next(row for row in stats["stats"] if row["name"] == "Aggregated")["num_requests"]
     assert locust_total == len(second)  # one Locust request event per record: none of the first run's
+
+
+def test_tab_rows_carry_target_provenance_and_flag_reasons():
+    from hstu_replay.loadtest.webui import rows
+
+    def bin_(name, target, achieved, source):
+        return {"name": name, "batch_size": 8, "target_ratio": target, "achieved_ratio": achieved,
+                "hit_source": source, "requests": 3, "prime_requests": 2, "throughput_rps": 1.25,
+                "server_rps": 2.5, "mean_ms": 10.0, "p50_ms": 9.996, "p99_ms": None, "speedup": None,
+                "mismatches": 0}
+
+    report = {"bins": [bin_("b8_h0.50", 0.5, 0.4567, "predicted"), bin_("b8_h1.00", 1.0, 1.0, "observed"),
+                       bin_("b8_natural", None, 0.8, "observed")],  # a natural replay has no target
+              "stages": [{"name": "b8_h0.50", "flags": [{"flag": "thin", "reason": "3 measured requests < 30"},
+                                                        {"flag": "off-target",
+                                                         "reason": "0.457 is 0.043 away"}]},
+                         {"name": "b8_h1.00", "flags": []}, {"name": "b8_natural", "flags": []}]}
+    first, second, natural = rows(report)
+    assert (first["bin"], first["batch"], first["target"], first["achieved"], first["source"]) == (
+        "b8_h0.50", 8, "0.5", "0.457", "client cache model (predicted)")
+    assert (first["rps"], first["server_rps"], first["p50"], first["p99"], first["speedup"]) == (
+        "1.2", "2.5", "10.00", "", "")  # 1.25 rounds half to even; null figures stay empty
+    assert first["flags"] == "thin: 3 measured requests < 30; off-target: 0.457 is 0.043 away"
+    assert (second["source"], second["flags"]) == ("server-reported (observed)", "ok")
+    assert (natural["target"], natural["achieved"]) == ("natural", "0.800")

@@ -81,6 +81,32 @@ def test_native_outputs_agree_with_python_in_process(native_dumps, compiled_repo
 
 
 @pytest.mark.integration
+def test_native_produces_the_reference_of_a_dump_without_one(replay_binary, reference_dumps, compiled_repository,
+                                                              tmp_path, capsys):
+    bare = tmp_path / "dumps"
+    shutil.copytree(reference_dumps, bare)
+    originals = {p.name: read_tensor_file(p) for p in bare.glob("batch_*_compiled_logits.pt")}
+    for name in originals:
+        (bare / name).unlink()
+    assert main(["reference", "replay", "--repository", str(compiled_repository), "--dump-dir", str(bare),
+                 "--produce-reference"]) == 0
+    assert capsys.readouterr().out == f"hstu-replay: wrote compiled_logits for 6 batches into {bare}\n"
+    assert sorted(p.name for p in bare.glob("batch_*_compiled_logits.pt")) == sorted(originals)
+    for name, python_logits in originals.items():  # written by Python's run of the same package
+        produced = read_tensor_file(bare / name)
+        assert produced.dtype == np.float32 and produced.shape == python_logits.shape
+        np.testing.assert_allclose(produced, python_logits, rtol=0, atol=SAME_PACKAGE_TOLERANCE)
+    assert native.replay(_package(compiled_repository), bare).passed
+
+    # A dump that already has references is refused before anything is written.
+    (bare / "batch_000004_compiled_logits.pt").unlink()
+    with pytest.raises(InputError, match="batch_000000 already has reference logits") as refused:
+        native.produce_reference(_package(compiled_repository), bare)
+    assert "\n" not in str(refused.value)
+    assert not (bare / "batch_000004_compiled_logits.pt").exists()
+
+
+@pytest.mark.integration
 def test_native_replay_fails_on_a_corrupted_dump_naming_the_batch(replay_binary, reference_dumps,
                                                                   compiled_repository, tmp_path, capsys):
     corrupted = tmp_path / "dumps"

@@ -139,11 +139,24 @@ def test_jsonable():
 def test_latency_table_rows():
     rows = latency_table(hand_report())
     assert rows[0] == ["batch", "target", "achieved", "from", "requests", "primes", "req/s", "server req/s",
-                       "mean ms", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "speed-up", "flags"]
-    assert rows[2] == ["1", "1", "0.900", "server", "4", "0", "1.0", "1.0", "0.50", "0.40", "0.80", "0.80", "0.80",
-                       "2.00x", "thin"]
+                       "mean ms", "ms/logical", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "speed-up", "flags"]
+    assert rows[2] == ["1", "1", "0.900", "server", "4", "0", "1.0", "1.0", "0.50", "0.500", "0.40", "0.80", "0.80",
+                       "0.80", "2.00x", "thin"]
     assert rows[3][2:8] == ["0.550", "model", "4", "7", "0.5", "1.4"]  # 11 server requests in 8 s
-    assert rows[4][2:] == ["-", "-", "0", "0", "-", "-", "-", "-", "-", "-", "-", "-", "thin"]
+    assert rows[3][8:10] == ["25.00", "3.125"]  # 25 ms for a request of 8 users
+    assert rows[4][2:] == ["-", "-", "0", "0", "-", "-", "-", "-", "-", "-", "-", "-", "-", "thin"]
+
+
+def test_ms_per_logical_request_is_the_mean_over_the_users_of_a_request():
+    # NVIDIA's latency per logical request: (10 + 20 + 30 + 40) / 4 = 25 ms a request of 8 users -> 3.125 ms
+    r = hand_report()
+    b = by_name(r)
+    stages = {s["name"]: s for s in r["stages"]}
+    assert b["b1_h0.00"]["ms_per_logical_request"] == pytest.approx(1.0)  # batch 1: the mean itself
+    assert b["b8_h0.50"]["ms_per_logical_request"] == pytest.approx(3.125, rel=1e-3)
+    assert b["b8_h1.00"]["ms_per_logical_request"] is None  # nothing measured
+    assert stages["b8_h0.50"]["ms_per_logical_request"] == b["b8_h0.50"]["ms_per_logical_request"]
+    assert stages["b8_h0.50"]["mean_ms"] == pytest.approx(25.0, rel=1e-3)
 
 
 def test_format_table_aligns_right():

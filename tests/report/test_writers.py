@@ -67,6 +67,16 @@ def test_csv_columns_and_rows(tmp_path, report):
     assert float(rows[1]["speedup"]) == pytest.approx(2.0)
     assert rows[1]["server_queue_ms"] == "0.25" and rows[0]["server_queue_ms"] == ""
     assert rows[2]["mean_ms"] == "" and rows[2]["requests"] == "0"
+    assert header.index("ms_per_logical_request") == header.index("mean_ms") + 1
+    assert float(rows[1]["ms_per_logical_request"]) == pytest.approx(0.5)  # 0.5 ms mean, one user a request
+    assert rows[2]["ms_per_logical_request"] == ""
+
+
+def test_html_stage_table_shows_ms_per_logical_request(report):
+    page = render_html(report)
+    stages = page[page.index("Stages: target vs achieved"):]
+    assert "<th>ms per logical request</th>" in stages
+    assert "<td>0.500</td>" in stages  # b1_h1.00: mean 0.5 ms over 1 user
 
 
 def test_pngs_are_png_files(report):
@@ -81,30 +91,29 @@ def test_plots_of_an_empty_run_still_render():
 
 
 def test_html_is_self_contained_and_escaped(report):
-    pngs = {"latency_vs_hit_ratio.png": PNG_MAGIC + b"fake"}
-    page = render_html(report, pngs)
+    page = render_html(report)
     assert "<script" not in page.lower()
     assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page  # model and error reason
-    assert "data:image/png;base64,iVBORw0KGgpmYWtl" in page
-    assert "href=" not in page and 'src="http' not in page
+    assert page.count('<svg xmlns="http://www.w3.org/2000/svg"') == 2  # the charts, inline
+    assert "href=" not in page and "src=" not in page
     assert "2.00x" in page and "0.40" in page  # speed-up and p50 of b1_h1.00
     assert "FAILED" in page and "speed-up 2.00x &lt; 3x at hit ratio 1.00 (batch 1)" in page
     assert "queue_ms" in page and "compute_ms" in page
 
 
-def test_html_file_embeds_every_plot(tmp_path, report):
+def test_html_file_draws_its_charts_without_plot_files(tmp_path, report):
     page = write_reports(report, tmp_path, formats=["html"])["html"].read_text()
-    assert page.count("data:image/png;base64,") == len(plots.PLOT_NAMES)
+    assert 'data-chart="latency"' in page and 'data-chart="speedup"' in page
     assert {p.name for p in tmp_path.iterdir()} == {"report.html"}
 
 
-def test_without_matplotlib_png_is_skipped_and_html_has_no_images(tmp_path, report, monkeypatch):
+def test_without_matplotlib_png_is_skipped_and_html_keeps_its_charts(tmp_path, report, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
     assert not plots.available()
     out = write_reports(report, tmp_path)
     assert isinstance(out["png"], str) and "matplotlib" in out["png"]
     page = out["html"].read_text()
-    assert "data:image/png" not in page and "2.00x" in page
+    assert 'data-chart="latency"' in page and "2.00x" in page
     assert {p.name for p in tmp_path.iterdir()} == {"report.json", "report.csv", "report.html"}
 
 

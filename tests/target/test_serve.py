@@ -150,3 +150,57 @@ def test_a_killed_serve_takes_its_tritonserver_and_stubs_with_it(compiled_reposi
     server.process.kill()
     server.process.wait(10)
     assert_nothing_left(server)
+
+
+# -- TLS and a required header: the options (the secured server itself: tests/client/test_tls.py) --
+
+
+def test_a_required_header_never_shows_its_value():
+    from hstu_replay.target.serve import RequiredHeader, ServeOptions
+
+    header = RequiredHeader.parse("X-Api-Key=s3cr3t-value")
+    assert header.name == "x-api-key"  # gRPC metadata keys are lower case
+    options = ServeOptions(required_header=header)
+    assert "s3cr3t-value" not in repr(header) + repr(options) + options.describe()
+    assert "x-api-key" in options.describe() and "triton-grpc-protocol-x-api-key" in options.describe()
+    token_rule, header_rule = options.restrictions("TOKEN")
+    assert token_rule.endswith(":triton-access-token=TOKEN") and "inference" not in token_rule
+    assert header_rule == "inference:x-api-key=s3cr3t-value"
+
+
+@pytest.mark.parametrize("text", ["x-api-key", "=s3cr3t", "x-api-key=", "x api=s3cr3t", "x-api-key=a s3cr3t",
+                                  "x:y=s3cr3t"])
+def test_a_malformed_required_header_is_one_line(text):
+    from hstu_replay.errors import ConfigError
+    from hstu_replay.target.serve import RequiredHeader
+
+    with pytest.raises(ConfigError, match="--require-header: give name=value") as caught:
+        RequiredHeader.parse(text)
+    assert "s3cr3t" not in str(caught.value)
+
+
+def test_https_needs_a_certificate_and_a_usable_one(tmp_path):
+    from hstu_replay.errors import ConfigError
+    from hstu_replay.target.serve import ServeOptions
+    from hstu_replay.target.tls_proxy import TlsFiles
+
+    with pytest.raises(ConfigError, match="--https-port needs --tls-cert"):
+        ServeOptions(https_port=8443)
+    with pytest.raises(ConfigError, match="--tls-cert .*no such file"):
+        ServeOptions(tls=TlsFiles(str(tmp_path / "none.pem"), str(tmp_path / "none.key")))
+    (tmp_path / "bad.pem").write_text("not a certificate")
+    with pytest.raises(ConfigError, match="not a usable PEM"):
+        ServeOptions(tls=TlsFiles(str(tmp_path / "bad.pem"), str(tmp_path / "bad.pem")))
+    # with HTTPS in front, Triton's own HTTP port listens on loopback only
+    from tests.certs import make_certs
+
+    certs = make_certs(tmp_path / "certs")
+    options = ServeOptions(host="0.0.0.0", https_port=8443, tls=TlsFiles(str(certs.cert), str(certs.key)))
+    assert options.http_host == "127.0.0.1" and options.ports["https"] == 8443
+
+
+def test_serve_refuses_half_a_tls_pair_in_one_line():
+    result = subprocess.run([str(BIN / "hstu-replay"), "target", "serve", "--tls-cert", "x.pem"],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["hstu-replay: error: --tls-cert and --tls-key go together"]

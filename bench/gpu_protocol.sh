@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# NVIDIA's benchmark protocol (`hstu-replay bench protocol`) against the batched target on a GPU,
+# 3 and 8 layers, each served by a real tritonserver on 127.0.0.1 (one server per config).
+#   bash bench/gpu_protocol.sh OUT_DIR [USERS] [RUNS]
+# ENGINE=aoti exports each config with AOTInductor first (`target export`) and serves the packages.
+# (DEVICE=cpu DTYPE=float32 CONFIGS=small HISTORY=256 CANDIDATES=16 SCALE=0.05 bash bench/gpu_protocol.sh
+#  runs/x 32: the same on a CPU)
+# Synthetic KuaiRand-1K users (full scale), each user's latest 100 events ranked after up to 4096
+# before them; protocol.json/.html of every run under OUT_DIR/<config>-run<N>/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. scripts/serve_wait.sh
+OUT=${1:?output folder}
+USERS=${2:-128}
+RUNS=${3:-2}
+PY=${PYTHON:-python3}
+DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bfloat16} CONFIGS=${CONFIGS:-kuairand-1k kuairand-1k-8l}
+ENGINE=${ENGINE:-batched} EXPORT_TIMEOUT=${EXPORT_TIMEOUT:-600}
+HISTORY=${HISTORY:-4096} CANDIDATES=${CANDIDATES:-100} SCALE=${SCALE:-1.0}
+HW=${HARDWARE:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo "$DEVICE")}
+mkdir -p "$OUT"
+$PY -m hstu_replay.cli data synth --out "$OUT/raw" --users "$USERS" --seed 5 --scale "$SCALE" || exit 1
+$PY -m hstu_replay.cli data prepare "$OUT/raw" --out "$OUT/store" || exit 1
+SERVER=
+trap '[ -n "$SERVER" ] && kill -INT $SERVER 2>/dev/null; wait 2>/dev/null' EXIT
+for cfg in $CONFIGS; do
+    REPO="$OUT/repository-$cfg"
+    if [ "$ENGINE" = aoti ]; then
+        start=$(date +%s)
+        timeout "$EXPORT_TIMEOUT" $PY -m hstu_replay.cli target export --repository "$REPO" --config "$cfg" \
+            --device "$DEVICE" >"$OUT/export-$cfg.log" 2>&1
+        code=$?
+        echo "== export $cfg: exit $code after $(( $(date +%s) - start )) s"
+        tail -5 "$OUT/export-$cfg.log"
+        [ $code -eq 0 ] || continue
+    fi
+    read -r H G M C < <($PY -c "from hstu_replay.target.serve import free_ports; print(*free_ports(4))")
+    $PY -m hstu_replay.cli target serve --engine "$ENGINE" --repository "$REPO" --config "$cfg" \
+        $( [ "$ENGINE" = batched ] && echo --dtype "$DTYPE" ) --device "$DEVICE" \
+        --http-port "$H" --grpc-port "$G" --metrics-port "$M" --cache-metrics-port "$C" >"$OUT/server-$cfg.log" 2>&1 &
+    SERVER=$!
+    wait_until_serving "$OUT/server-$cfg.log" $SERVER 180
+    for run in $(seq 1 "$RUNS"); do
+        echo "== $cfg run $run"
+        $PY -m hstu_replay.cli bench protocol --triton-url "127.0.0.1:$G" --store "$OUT/store" --candidates "$CANDIDATES" \
+            --max-history "$HISTORY" --max-values 70000 --out "$OUT/$cfg-run$run" \
+            --hardware "$HW; $cfg, $ENGINE engine$( [ "$ENGINE" = batched ] && echo " $DTYPE") behind PyTriton's Python backend"
+        echo "== $cfg run $run: exit $?"
+    done
+    kill -INT $SERVER; wait $SERVER; SERVER=
+done

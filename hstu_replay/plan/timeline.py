@@ -1,0 +1,215 @@
+"""Natural replay: every user's real visits in the log's global time order.
+
+A visit is a user's run of events up to a gap of 60 s or more (the session planner's
+definition, `visit_starts`). Replaying visit v of a user sends the user's history so far (its
+events before v, capped from the start at the longest history a full batch can carry) and asks
+to rank v's first events as candidates. A user's first visit has no history: it is not sent,
+its events are the history of the next. Requests group the visits that fall in the same time
+slice (consecutive in time order, distinct users, at most a batch), so the hit ratio is not
+chosen: it is whatever the server's cache holds when a user comes back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hstu_replay.errors import HstuReplayError, PlanError
+from hstu_replay.interface import NUM_CONTEXT_TOKENS, Limits
+from hstu_replay.plan.keys import KeyAllocator
+from hstu_replay.plan.sessions import visit_starts
+from hstu_replay.plan.step import PlannedStep
+from hstu_replay.request import UserRequest, build_request
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """Visits in send order (time, then user); one entry per replayed visit."""
+
+    users: np.ndarray  # store index of the visit's user
+    times_ms: np.ndarray  # time of the visit's first event
+    starts: np.ndarray  # the visit's first event, as an index into the user's own events
+    history: np.ndarray  # history items sent (events before the visit, capped)
+    candidates: np.ndarray  # candidates asked for (the visit's events, at most --candidates)
+    history_cap: int
+
+    def __len__(self) -> int:
+        return len(self.users)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """KV tokens of each visit's history (total_history_length)."""
+        return NUM_CONTEXT_TOKENS + 2 * self.history.astype(np.int64)
+
+
+def build_trace(store, candidates: int, limits: Limits, batch_size: int) -> Trace:
+    """Every visit with some history before it, of every user of `store`, in time order.
+    Histories are capped at the longest that lets `batch_size` users fit `limits.max_values`."""
+    cap = limits.history_cap(batch_size, candidates)
+    users, times, starts, ends = [], [], [], []
+    offsets = np.asarray(store.offsets, dtype=np.int64)
+    all_times = store.times_ms
+    for u in range(len(store)):
+        t = np.asarray(all_times[offsets[u]:offsets[u + 1]])
+        s = visit_starts(t)  # first visit (starting at 0) has no history: left out
+        if len(s) == 0:
+            continue
+        users.append(np.full(len(s), u, dtype=np.int32))
+        times.append(t[s])
+        starts.append(s)
+        ends.append(np.append(s[1:], len(t)))
+    if not users:
+        return Trace(*(np.zeros(0, dtype=np.int64) for _ in range(5)), history_cap=cap)
+    users, times, starts, ends = (np.concatenate(a) for a in (users, times, starts, ends))
+    order = np.lexsort((starts, users, times))  # time, then user, then visit
+    users, times, starts, ends = users[order], times[order], starts[order], ends[order]
+    return Trace(users=users, times_ms=times.astype(np.int64), starts=starts.astype(np.int64),
+                 history=np.minimum(starts, cap).astype(np.int64),
+                 candidates=np.minimum(ends - starts, candidates).astype(np.int64), history_cap=cap)
+
+
+def group_requests(trace: Trace, slice_ms: int, batch_size: int) -> np.ndarray:
+    """Request boundaries: request r is trace[bounds[r]:bounds[r + 1]]. A request takes the
+    consecutive visits of one time slice of `slice_ms` (0: one visit each), distinct users,
+    at most `batch_size` of them."""
+    n = len(trace)
+    if slice_ms <= 0 or batch_size <= 1:
+        return np.arange(n + 1, dtype=np.int64)
+    slices = trace.times_ms // slice_ms
+    bounds = [0]
+    members: set[int] = set()
+    for i in range(n):
+        user = int(trace.users[i])
+        if i > bounds[-1] and (slices[i] != slices[bounds[-1]] or user in members or len(members) >= batch_size):
+            bounds.append(i)
+            members.clear()
+        members.add(user)
+    bounds.append(n)
+    return np.asarray(bounds, dtype=np.int64)
+
+
+def shard_trace(trace: Trace, index: int, count: int, stride: int = 1) -> Trace:
+    """The visits of shard `index` of `count` of the users (store index // stride, modulo count),
+    so one user's visits all go from one process, in order. A shard of a shard: `stride` is the
+    first split's count, so the second split still divides the first shard's users."""
+    if count <= 1:
+        return trace
+    mine = (trace.users // stride) % count == index
+    return Trace(trace.users[mine], trace.times_ms[mine], trace.starts[mine], trace.history[mine],
+                 trace.candidates[mine], trace.history_cap)
+
+
+class Timeline:
+    """One process's natural replay, shared by its virtual users: the requests in order, when
+    each goes, every user's cache key for the whole run, and which users have a request in flight
+    (a user's next request waits for its last one: one key is never in flight twice)."""
+
+    def __init__(self, store, trace: Trace, bounds: np.ndarray, candidates: int, limits: Limits,
+                 time_scale: float = 0.0, request_rate: float = 0.0, start_ms: int | None = None):
+        self.store, self.trace, self.bounds, self.limits = store, trace, bounds, limits
+        # log time of the sweep's start: the whole trace's first visit, so shards keep one clock
+        self.start_ms = int(trace.times_ms[0]) if start_ms is None else start_ms
+        self.candidates, self.time_scale, self.request_rate = candidates, time_scale, request_rate
+        self.next_request = 0
+        self.keys: dict[int, int] = {}  # store user -> its cache key
+        self.held: dict[int, int] = {}  # store user -> tokens its key held after its last answer
+        self._in_flight: dict[int, object] = {}  # store user -> event set when its request settles
+
+    @property
+    def requests(self) -> int:
+        return len(self.bounds) - 1
+
+    @property
+    def exhausted(self) -> bool:
+        return self.next_request >= self.requests
+
+    def send_at_s(self, r: int) -> float | None:
+        """Seconds after the start at which request r goes (None: as soon as it can)."""
+        if self.time_scale > 0:
+            return float(self.trace.times_ms[self.bounds[r]] - self.start_ms) / 1e3 / self.time_scale
+        if self.request_rate > 0:
+            return r / self.request_rate
+        return None
+
+    def take(self) -> int:
+        """The next request's index; waits while one of its users is still in flight."""
+        from gevent.event import Event
+
+        if self.next_request >= self.requests:
+            raise PlanError(f"the trace's {self.requests} requests have all been sent")
+        r, self.next_request = self.next_request, self.next_request + 1
+        users = [int(u) for u in self.trace.users[self.bounds[r]:self.bounds[r + 1]]]
+        for u in users:
+            while u in self._in_flight:
+                self._in_flight[u].wait()
+        for u in users:
+            self._in_flight[u] = Event()
+        return r
+
+    def release(self, users) -> None:
+        for u in users:
+            event = self._in_flight.pop(u, None)
+            if event is not None:
+                event.set()
+
+
+class TimelineSource:
+    """One virtual user's share of the natural replay: it takes the next request in order."""
+
+    def __init__(self, timeline: Timeline, keys: KeyAllocator):
+        self.timeline, self.keys = timeline, keys
+        self._retired: list[int] = []
+
+    @property
+    def exhausted(self) -> bool:
+        """Every request of the trace was handed out: nothing more to send."""
+        return self.timeline.exhausted
+
+    def next_step(self, target: float, batch_size: int) -> PlannedStep:
+        t, tl = self.timeline.trace, self.timeline
+        r = tl.take()
+        visits = range(int(tl.bounds[r]), int(tl.bounds[r + 1]))
+        users, hits, labels = [], [], []
+        for i in visits:
+            u = int(t.users[i])
+            if u not in tl.keys:
+                tl.keys[u], tl.held[u] = self.keys.new_key(), 0
+            history = tl.store.user(u)
+            h, s = int(t.history[i]), int(t.starts[i])
+            users.append(UserRequest(
+                user_id=history.user_id, context=history.context,
+                history_items=np.asarray(history.video_ids[:h], dtype=np.int64),
+                history_actions=np.asarray(history.actions[:h], dtype=np.int64),
+                candidates=np.asarray(history.video_ids[s:s + int(t.candidates[i])], dtype=np.int64),
+                cache_key=tl.keys[u]))
+            hits.append(tl.held[u])
+            labels.append(f"user {history.user_id} visit at {int(t.times_ms[i])} ms items {h}")
+        try:
+            request = build_request(users, tl.limits)
+        except HstuReplayError:
+            tl.release(int(t.users[i]) for i in visits)
+            raise
+        return PlannedStep(request=request, expected_hits=tuple(hits), label="; ".join(labels),
+                           target_ratio=target, handles=(r,), send_at_s=tl.send_at_s(r))
+
+    def settle(self, step: PlannedStep, ok: bool) -> list[int]:
+        """A failed request leaves its users' server state unknown: they get fresh keys."""
+        tl, t = self.timeline, self.timeline.trace
+        (r,) = step.handles
+        users = [int(u) for u in t.users[tl.bounds[r]:tl.bounds[r + 1]]]
+        for u, tokens in zip(users, step.request.total_history_lengths.tolist()):
+            if ok:
+                tl.held[u] = int(tokens)
+            elif u in tl.keys:
+                self._retired.append(tl.keys.pop(u))
+        tl.release(users)
+        retired, self._retired = self._retired, []
+        return retired
+
+    def reset(self) -> None:
+        """The server lost its cache: every user starts a fresh key at its next visit."""
+        tl = self.timeline
+        self._retired.extend(tl.keys.values())
+        tl.keys.clear()
+        tl.held.clear()

@@ -1,0 +1,74 @@
+"""A natural replay's figures: the hit ratio each request met, latency binned by it, and both over time.
+
+Read from the run's records files (every request, exact latency, the server's hits where it
+reports them): `report.json["natural"]` and `natural_requests.csv` (one row per request).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+from hstu_replay.stats.histogram import LatencyHistogram
+
+RATIO_BINS = 10  # [0, 0.1), ..., [0.9, 1.0]
+TIME_WINDOWS = 20
+NATURAL_CSV = "natural_requests.csv"
+
+
+def _ratio(record: dict) -> tuple[int, str]:
+    """Hit tokens of a request and whose word they are."""
+    if record.get("observed_hits") is not None:
+        return int(record["observed_hits"]), "observed"
+    return int(record["predicted_hits"]), "predicted"
+
+
+def _latency(records: list[dict]) -> dict:
+    h = LatencyHistogram()
+    for r in records:
+        h.record_us(round(r["latency_ms"] * 1e3))
+    tokens = sum(r["tokens"] for r in records)
+    hits = sum(_ratio(r)[0] for r in records)
+    return {"requests": len(records), "hit_ratio": hits / tokens if tokens else None,
+            "mean_ms": sum(r["latency_ms"] for r in records) / len(records) if records else None,
+            "p50_ms": h.percentile_ms(50) if records else None, "p99_ms": h.percentile_ms(99) if records else None}
+
+
+def natural_section(records: list[dict]) -> dict:
+    """Measured requests that got an answer: their emergent ratios, latency by ratio, over time."""
+    sent = sorted((r for r in records if r["kind"] in ("measure", "warmup") and r["ok"]), key=lambda r: r["t"])
+    measured = [r for r in sent if r["kind"] == "measure"]
+    sources = sorted({_ratio(r)[1] for r in measured})
+    by_ratio = []
+    for i in range(RATIO_BINS):
+        low, high = i / RATIO_BINS, (i + 1) / RATIO_BINS
+        inside = [r for r in measured if low <= _ratio(r)[0] / r["tokens"] < high
+                  or (i == RATIO_BINS - 1 and _ratio(r)[0] == r["tokens"])]
+        if inside:
+            by_ratio.append({"from": low, "to": high, **_latency(inside)})
+    over_time = []
+    if sent:
+        start, width = sent[0]["t"], max(sent[-1]["t"] - sent[0]["t"], 1e-9) / TIME_WINDOWS
+        windows: list[list[dict]] = [[] for _ in range(TIME_WINDOWS)]
+        for r in sent:
+            windows[min(int((r["t"] - start) / width), TIME_WINDOWS - 1)].append(r)
+        over_time = [{"from_s": w * width, "to_s": (w + 1) * width,
+                      "warmup": all(r["kind"] == "warmup" for r in inside), **_latency(inside)}
+                     for w, inside in enumerate(windows) if inside]
+    return {"hit_source": sources[0] if len(sources) == 1 else "mixed" if sources else None,
+            **_latency(measured), "warmup_requests": len(sent) - len(measured),
+            "by_ratio": by_ratio, "over_time": over_time, "requests_csv": NATURAL_CSV}
+
+
+def write_natural_csv(records: list[dict], out_dir: Path) -> Path:
+    text = io.StringIO()
+    rows = csv.writer(text)
+    rows.writerow(["t", "kind", "latency_ms", "tokens", "hit_tokens", "hit_ratio", "hit_source", "ok", "label"])
+    for r in sorted(records, key=lambda r: r["t"]):
+        hits, source = _ratio(r)
+        rows.writerow([f"{r['t']:.6f}", r["kind"], f"{r['latency_ms']:.3f}", r["tokens"], hits,
+                       f"{hits / r['tokens']:.6f}" if r["tokens"] else "", source, r["ok"], r["label"]])
+    path = Path(out_dir) / NATURAL_CSV
+    path.write_text(text.getvalue())
+    return path

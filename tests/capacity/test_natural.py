@@ -1,0 +1,57 @@
+"""`hstu-replay capacity natural` on the small config: real target per budget, real natural replay."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hstu_replay.data.store import SequenceStore
+from hstu_replay.interface import Limits
+from hstu_replay.plan.cache_curve import cache_curve
+from hstu_replay.plan.timeline import build_trace, group_requests
+
+pytestmark = pytest.mark.integration
+
+
+def _natural(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hstu_replay.cli", "capacity", "natural", *args],
+                          capture_output=True, text=True, timeout=400)
+
+
+def test_the_smallest_budget_meeting_the_slo_with_computed_and_measured_figures(compiled_repository, long_store,
+                                                                                tmp_path):
+    common = ("--store", str(long_store), "--repository", str(compiled_repository), "--request-rate", "15",
+              "--users", "2", "--step-seconds", "6", "--warmup-seconds", "2", "--max-history", "256",
+              "--serve-args", "--threads 1")
+    proc = _natural(*common, "--slo-p99-ms", "5000", "--curve-ratios", "0.9,0.5", "--out", str(tmp_path / "a"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "a" / "capacity_natural.json").read_text())
+    trace = build_trace(SequenceStore.open(long_store), 16, Limits(max_history=256), 1)
+    curve = cache_curve(trace.users, trace.tokens, group_requests(trace, 0, 1))
+    smallest = curve.budget_for(0.5)
+    assert curve.ratio(smallest) >= 0.5 > curve.ratio(smallest - 32)  # picked where the curve reaches 0.5
+    (step,) = result["steps"]  # the smallest budget already meets a loose SLO: nothing larger is run
+    assert step["budget_tokens"] == smallest and step["passed"]
+    assert result["answer"] == {"budget_tokens": smallest, "servers": 1, "total_tokens": smallest}
+    assert step["computed"]["hit_ratio"] == curve.ratio(smallest)
+    assert step["measured"]["hit_source"] == "observed"
+    assert step["measured"]["hit_ratio"] == pytest.approx(step["computed"]["window_hit_ratio"], abs=0.02)
+    assert set(result["labels"]) == {"computed", "measured"}
+    assert f"{smallest:,} tokens per server x 1 server(s)" in proc.stdout
+
+    proc = _natural(*common, "--slo-p99-ms", "0.001", "--budgets", "1000", "--max-servers", "2",
+                    "--out", str(tmp_path / "b"))
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "b" / "capacity_natural.json").read_text())
+    assert [(s["budget_tokens"], s["servers"], s["passed"]) for s in result["steps"]] == [(1000, 1, False),
+                                                                                          (1000, 2, False)]
+    assert result["answer"] is None and "no budget measured meets" in proc.stderr
+
+
+def test_bad_options_are_one_line(tmp_path, long_store):
+    proc = _natural("--store", str(long_store), "--repository", str(tmp_path), "--slo-p99-ms", "x",
+                    "--request-rate", "5")
+    assert proc.returncode == 2 and "--slo-p99-ms" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

@@ -1,0 +1,153 @@
+"""TLS and a required header against a real tritonserver that demands them: gRPC TLS is
+tritonserver's own, HTTPS is the target's TLS-terminating forwarder in front of Triton's HTTP
+port, and the header is checked by Triton's restricted-API rule. Our transports must get the
+same answers as NVIDIA's tritonclient over the same secured connections, and every refusal must
+be one line that says what to fix."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hstu_replay.client.triton import ClientOptions, TritonClient
+from hstu_replay.errors import AccessDenied, ServerError
+from hstu_replay.interface import KVCACHE
+from tests.certs import SENTINEL, SecureServer, start_secure_server
+from tests.client.test_triton import _request, _rekeyed
+
+pytestmark = pytest.mark.integration
+PROTOCOLS = ["grpc", "http"]
+
+
+@pytest.fixture(scope="module")
+def secure(compiled_repository, tmp_path_factory):
+    from tests.conftest import stop_server
+
+    server = start_secure_server(compiled_repository, tmp_path_factory.mktemp("secure"))
+    yield server
+    assert stop_server(server.handle) == 0
+    assert SENTINEL not in server.handle.log.read_text(errors="replace")
+
+
+def _client(secure: SecureServer, protocol: str, host: str = "127.0.0.1", **options) -> TritonClient:
+    port = secure.url(protocol).rpartition(":")[2]
+    defaults = {"ssl": True, "root_certificates": str(secure.certs.ca), "headers": secure.headers(protocol)}
+    return TritonClient(ClientOptions(url=f"{host}:{port}", protocol=protocol, timeout_s=20, **(defaults | options)))
+
+
+def _tritonclient_logits(secure: SecureServer, protocol: str, request) -> np.ndarray:
+    """The same request through NVIDIA's tritonclient, over TLS with the CA and the header."""
+    if protocol == "grpc":
+        import tritonclient.grpc as module
+
+        client = module.InferenceServerClient(secure.grpc_url, ssl=True, root_certificates=str(secure.certs.ca))
+    else:
+        import tritonclient.http as module
+
+        client = module.InferenceServerClient(secure.https_url, ssl=True, ssl_options={"ca_certs": str(secure.certs.ca)})
+    try:
+        inputs = []
+        for name, array in request.inputs(KVCACHE).items():
+            item = module.InferInput(name, list(array.shape), "INT64")
+            item.set_data_from_numpy(np.ascontiguousarray(array))
+            inputs.append(item)
+        result = client.infer(KVCACHE.model_name, inputs, outputs=[module.InferRequestedOutput("OUTPUT__0")],
+                              headers=secure.headers(protocol))
+        return result.as_numpy("OUTPUT__0")
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])  # the certificate names both
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_our_transport_and_tritonclient_get_the_same_answers_through_tls(secure, protocol, host):
+    ours = _client(secure, protocol, host)
+    try:
+        assert ours.connect().interface is KVCACHE
+        first = 100 * PROTOCOLS.index(protocol) + (10 if host == "localhost" else 0)  # keys of its own
+        for seed in range(first, first + 3):  # batch 8, long histories: many buffers, each through TLS
+            request = _request(seed, batch=8, history=240)
+            theirs = _tritonclient_logits(secure, protocol, _rekeyed(request, 50_000))
+            response = ours.infer(request)
+            assert response.logits.shape == (request.num_logits, 8)
+            np.testing.assert_array_equal(response.logits, theirs)
+            assert response.cached_tokens.tolist() == [0] * 8  # fresh keys: nothing reused
+    finally:
+        ours.close()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("ca", ["none", "other"])
+def test_a_client_without_the_servers_ca_fails_in_one_line_that_says_so(secure, protocol, ca):
+    client = _client(secure, protocol, root_certificates=str(secure.certs.other_ca) if ca == "other" else None)
+    try:
+        with pytest.raises(ServerError) as caught:
+            client.connect()
+    finally:
+        client.close()
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "certificate verify failed" in message.lower() or "CERTIFICATE_VERIFY_FAILED" in message
+    assert ("not signed by a CA in --triton-root-cert" if ca == "other" else "give the CA") in message
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_plain_client_at_a_tls_port_is_told_to_use_tls(secure, protocol):
+    client = _client(secure, protocol, ssl=False, root_certificates=None)
+    try:
+        with pytest.raises(ServerError, match=r"--triton-ssl"):
+            client.connect()
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("header", ["missing", "wrong"])
+def test_inference_without_the_right_header_is_the_servers_refusal_before_any_load(secure, protocol, header):
+    headers = {} if header == "missing" else secure.headers(protocol, value="not-the-value")
+    client = _client(secure, protocol, headers=headers)
+    try:
+        with pytest.raises(AccessDenied) as caught:
+            client.connect()  # metadata is open; the check is an inference without inputs
+        message = str(caught.value)
+        assert "\n" not in message and "check --triton-headers" in message
+        assert ("This protocol is restricted" if protocol == "grpc" else "HTTP 403: This API is restricted") in message
+        assert "x-api-key" in message and SENTINEL not in message
+        # a real request is refused the same way, and not mistaken for a server that is down
+        from hstu_replay.client.triton import ModelBinding
+
+        client.binding = ModelBinding(KVCACHE, reports_hits=True)
+        with pytest.raises(AccessDenied, match="restricted"):
+            client.infer(_request(seed=30))
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_header_names_are_sent_in_lower_case(secure, protocol):
+    # gRPC refuses metadata keys with capitals; HTTP header names are case-insensitive
+    upper = {name.title(): value for name, value in secure.headers(protocol).items()}
+    client = _client(secure, protocol, headers=upper)
+    try:
+        client.connect()
+        assert client.infer(_request(seed=40)).logits.shape[1] == 8
+    finally:
+        client.close()
+
+
+def test_tritons_own_http_port_requires_the_header_too(secure):
+    import tritonclient.http
+
+    client = tritonclient.http.InferenceServerClient(secure.handle.http_url)
+    try:
+        request = _request(seed=50)
+        inputs = []
+        for name, array in request.inputs(KVCACHE).items():
+            item = tritonclient.http.InferInput(name, list(array.shape), "INT64")
+            item.set_data_from_numpy(np.ascontiguousarray(array))
+            inputs.append(item)
+        with pytest.raises(Exception, match="restricted"):
+            client.infer(KVCACHE.model_name, inputs)
+        assert client.infer(KVCACHE.model_name, inputs, headers=secure.headers("http")).as_numpy("OUTPUT__0").shape[1] == 8
+    finally:
+        client.close()

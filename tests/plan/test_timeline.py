@@ -1,0 +1,121 @@
+"""The natural-replay trace: visits split as the session planner splits them, in time order."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hstu_replay.data.store import SequenceStore
+from hstu_replay.interface import Limits
+from hstu_replay.plan.timeline import build_trace, group_requests
+
+
+class _Times:
+    """Just the store columns a trace reads: per-user event times."""
+
+    def __init__(self, *users: list[int]):
+        self.offsets = np.cumsum([0] + [len(u) for u in users])
+        self.times_ms = np.concatenate([np.asarray(u, dtype=np.int64) for u in users])
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+
+def test_a_hand_worked_trace():
+    store = _Times([0, 1_000, 70_000, 71_000, 200_000], [5_000, 100_000, 100_500], [10, 20])
+    trace = build_trace(store, candidates=1, limits=Limits(max_history=3), batch_size=1)
+    # user 0 comes back at 70 s (2 events before) and 200 s (4, capped at 3); user 1 at 100 s;
+    # user 2 never leaves for 60 s, so it is never replayed; a gap of exactly 60 s splits.
+    assert trace.users.tolist() == [0, 1, 0]
+    assert trace.times_ms.tolist() == [70_000, 100_000, 200_000]
+    assert trace.starts.tolist() == [2, 1, 4]
+    assert trace.history.tolist() == [2, 1, 3]
+    assert trace.candidates.tolist() == [1, 1, 1]
+    assert trace.tokens.tolist() == [10, 8, 12]
+    assert build_trace(_Times([0, 60_000]), 1, Limits(), 1).starts.tolist() == [1]
+    assert len(build_trace(_Times([0, 59_999]), 1, Limits(), 1)) == 0
+
+
+def test_requests_group_one_slice_of_distinct_users():
+    store = _Times([0, 70_000, 140_000], [0, 100_000], [0, 110_000])
+    trace = build_trace(store, candidates=1, limits=Limits(), batch_size=8)
+    assert trace.users.tolist() == [0, 1, 2, 0]  # at 70, 100, 110 and 140 s
+    assert group_requests(trace, 0, 8).tolist() == [0, 1, 2, 3, 4]
+    assert group_requests(trace, 1_000_000, 1).tolist() == [0, 1, 2, 3, 4]
+    assert group_requests(trace, 1_000_000, 8).tolist() == [0, 3, 4]  # user 0 again: a new request
+    assert group_requests(trace, 1_000_000, 2).tolist() == [0, 2, 4]
+    assert group_requests(trace, 100_000, 8).tolist() == [0, 1, 4]  # slices [0,100) and [100,200) s
+
+
+def test_a_store_trace_follows_every_users_visits(long_store):
+    store = SequenceStore.open(long_store)
+    trace = build_trace(store, candidates=16, limits=Limits(max_history=256), batch_size=8)
+    assert len(trace) > 100
+    assert np.all(np.diff(trace.times_ms) >= 0)
+    cap = Limits(max_history=256).history_cap(8, 16)
+    assert trace.history_cap == cap
+    for u in range(len(store)):
+        times = np.asarray(store.user(u).times_ms)
+        mine = trace.users == u
+        starts = trace.starts[mine]
+        assert np.all(np.diff(starts) > 0)  # each user's visits in its own order
+        # every gap of 60 s or more starts a visit, and nothing else does
+        gaps = [i for i in range(1, len(times)) if times[i] - times[i - 1] >= 60_000]
+        assert starts.tolist() == gaps
+        assert trace.history[mine].tolist() == [min(s, cap) for s in gaps]
+        ends = gaps[1:] + [len(times)]
+        assert trace.candidates[mine].tolist() == [min(e - s, 16) for s, e in zip(gaps, ends)]
+
+
+def test_shards_of_shards_split_every_user_once(long_store):
+    from hstu_replay.plan.timeline import shard_trace
+
+    trace = build_trace(SequenceStore.open(long_store), 16, Limits(max_history=256), 1)
+    for n, workers in ((1, 2), (2, 2), (3, 2), (2, 3)):
+        parts = [shard_trace(shard_trace(trace, i, n), w, workers, stride=n) for i in range(n) for w in range(workers)]
+        assert sum(len(p) for p in parts) == len(trace)
+        users = [set(p.users.tolist()) for p in parts]
+        assert all(users) and sum(len(u) for u in users) == len(set(trace.users.tolist()))
+
+
+def test_send_times_follow_the_log_scaled_or_the_rate():
+    from hstu_replay.plan.timeline import Timeline
+
+    store = _Times([0, 70_000, 140_000], [0, 100_000], [0, 110_000])
+    trace = build_trace(store, candidates=1, limits=Limits(), batch_size=1)
+    bounds = group_requests(trace, 0, 1)
+    scaled = Timeline(store, trace, bounds, 1, Limits(), time_scale=10.0)
+    assert [scaled.send_at_s(r) for r in range(4)] == [0.0, 3.0, 4.0, 7.0]  # (70, 100, 110, 140 s - 70) / 10
+    paced = Timeline(store, trace, bounds, 1, Limits(), request_rate=4.0)
+    assert [paced.send_at_s(r) for r in range(4)] == [0.0, 0.25, 0.5, 0.75]
+    assert Timeline(store, trace, bounds, 1, Limits()).send_at_s(3) is None
+
+
+def test_a_users_next_visit_waits_for_its_last_answer():
+    import gevent
+
+    from hstu_replay.plan.timeline import Timeline
+
+    store = _Times([0, 70_000, 140_000], [0, 100_000])
+    trace = build_trace(store, candidates=1, limits=Limits(), batch_size=1)
+    timeline = Timeline(store, trace, group_requests(trace, 0, 1), 1, Limits())
+    assert trace.users.tolist() == [0, 1, 0]
+    assert timeline.take() == 0 and timeline.take() == 1
+    third = gevent.spawn(timeline.take)  # user 0 again: in flight since request 0
+    gevent.sleep(0.05)
+    assert not third.ready()
+    timeline.release([1])
+    gevent.sleep(0.05)
+    assert not third.ready()
+    timeline.release([0])
+    assert third.get(timeout=1) == 2 and timeline.exhausted
+
+
+def test_shards_keep_the_whole_logs_clock():
+    from hstu_replay.plan.timeline import Timeline, shard_trace
+
+    store = _Times([0, 70_000, 140_000], [0, 100_000])
+    whole = build_trace(store, candidates=1, limits=Limits(), batch_size=1)
+    second = shard_trace(whole, 1, 2)  # user 1 only: its visit at 100 s
+    timeline = Timeline(store, second, group_requests(second, 0, 1), 1, Limits(), time_scale=10.0,
+                        start_ms=int(whole.times_ms[0]))
+    assert timeline.send_at_s(0) == 3.0  # 30 s after the whole log's first visit, not 0

@@ -1,0 +1,108 @@
+"""The SVG charts, checked against hand-worked pixel positions and parsed as XML."""
+
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from hstu_replay.report import svg
+
+NS = {"s": "http://www.w3.org/2000/svg"}
+
+
+def _bin(name, batch, achieved, p50=None, p99=None, speedup=None):
+    return {"name": name, "batch_size": batch, "achieved_ratio": achieved, "p50_ms": p50, "p99_ms": p99,
+            "speedup": speedup}
+
+
+@pytest.fixture
+def report() -> dict:
+    # batch 1 listed out of order; batch 8's stage measured nothing yet
+    return {"bins": [_bin("b1_h1.00", 1, 1.0, 5.0, 8.0, 2.0), _bin("b1_h0.00", 1, 0.0, 10.0, 20.0, 1.0),
+                     _bin("b8_h0.50", 8, None)]}
+
+
+def _points(chart: str) -> list[dict]:
+    root = ET.fromstring(chart)  # well-formed XML, or this raises
+    return [c.attrib for c in root.iter("{http://www.w3.org/2000/svg}circle")]
+
+
+@pytest.mark.parametrize("top, ticks", [
+    (20.0, [0, 5, 10, 15, 20]),  # steps of 1, 2, 2.5 need more than 5; 5 reaches 20 in 4
+    (23.24, [0, 5, 10, 15, 20, 25]),
+    (1.37, [0, 0.5, 1.0, 1.5]),
+    (0.7, [0, 0.2, 0.4, 0.6, 0.8]),
+    (49.0, [0, 10, 20, 30, 40, 50]),
+    (0.0, [0, 1]),
+])
+def test_nice_ticks(top, ticks):
+    assert svg.nice_ticks(top) == pytest.approx(ticks)
+
+
+def test_series_per_batch_by_ratio_without_empty_bins(report):
+    assert svg.series(report, "p50_ms") == {1: [svg.Point("b1_h0.00", 0.0, 10.0), svg.Point("b1_h1.00", 1.0, 5.0)]}
+
+
+def test_latency_points_sit_where_worked_out_by_hand(report):
+    points = _points(svg.latency_chart(report))
+    # x: ratio 0 -> 64 + 8 = 72 px, ratio 1 -> 440 - 8 = 432 px; y: 0..20 ms over 272..36 px (236 px)
+    by_key = {(p["data-stage"], p["data-metric"]): (p["cx"], p["cy"]) for p in points}
+    assert by_key == {
+        ("b1_h0.00", "p50_ms"): ("72.0", "154.0"),  # 272 - 10/20 * 236
+        ("b1_h0.00", "p99_ms"): ("72.0", "36.0"),
+        ("b1_h1.00", "p50_ms"): ("432.0", "213.0"),  # 272 - 5/20 * 236
+        ("b1_h1.00", "p99_ms"): ("432.0", "177.6"),  # 272 - 8/20 * 236
+    }
+
+
+def test_points_carry_exact_values_and_a_tooltip():
+    report = {"bins": [_bin("b2_h0.33", 2, 0.3333333333333333, 12.345678901234567, 20.1, None)]}
+    root = ET.fromstring(svg.latency_chart(report))
+    circle = root.find(".//s:circle[@data-metric='p50_ms']", NS)
+    assert float(circle.get("data-x")) == 0.3333333333333333
+    assert float(circle.get("data-y")) == 12.345678901234567
+    assert circle.find("s:title", NS).text == "b2_h0.33: batch 2, achieved hit ratio 0.333, p50 ms 12.35"
+
+
+def test_p99_is_dashed_and_each_batch_has_its_colour():
+    report = {"bins": [_bin("b1_h0.00", 1, 0.0, 1.0, 2.0), _bin("b8_h0.00", 8, 0.0, 3.0, 4.0)]}
+    root = ET.fromstring(svg.latency_chart(report))
+    lines = {(ln.get("data-batch"), ln.get("data-metric")): ln for ln in root.iterfind(".//s:polyline", NS)}
+    assert lines[("1", "p99_ms")].get("stroke-dasharray") and not lines[("1", "p50_ms")].get("stroke-dasharray")
+    assert lines[("1", "p50_ms")].get("stroke") == lines[("1", "p99_ms")].get("stroke") == svg.COLORS[0]
+    assert lines[("8", "p50_ms")].get("stroke") == svg.COLORS[1]
+    legend = "".join(root.find(".//s:g[@class='legend']", NS).itertext())
+    assert legend == "batch 1batch 8p50 msp99 ms"
+
+
+def test_speedup_marks_one_x(report):
+    root = ET.fromstring(svg.speedup_chart(report))
+    # speed-ups 1 and 2: ticks 0, 0.5 .. 2; 1x at 272 - 1/2 * 236 = 154 px
+    assert root.find(".//s:line[@class='reference']", NS).get("y1") == "154.0"
+    assert [(p["data-stage"], p["cy"]) for p in _points(svg.speedup_chart(report))] == [
+        ("b1_h0.00", "154.0"), ("b1_h1.00", "36.0")]
+
+
+def test_an_empty_run_draws_axes_and_says_so():
+    for chart in svg.charts({"bins": [_bin("b1_h0.00", 1, None)]}):
+        assert _points(chart) == [] and "no measured stage yet" in chart
+
+
+def test_names_are_escaped():
+    evil = "b1_<script>&\""
+    chart = svg.latency_chart({"bins": [_bin(evil, 1, 0.5, 1.0, 2.0)]})
+    assert "<script>" not in chart
+    assert {p["data-stage"] for p in _points(chart)} == {evil}
+
+
+def test_a_flagged_stage_is_ringed_and_named():
+    flagged = dict(_bin("b1_h0.50", 1, 0.4, 7.0, 9.0, 1.5), flags=["thin", "off-target"])
+    report = {"bins": [dict(_bin("b1_h0.00", 1, 0.0, 10.0, 20.0, 1.0), flags=[]), flagged]}
+    root = ET.fromstring(svg.latency_chart(report))
+    points = {(c.get("data-stage"), c.get("data-metric")): c for c in root.iterfind(".//s:circle[@class='point']", NS)}
+    rings = {(c.get("cx"), c.get("cy")) for c in root.iterfind(".//s:circle[@class='flag-ring']", NS)}
+    assert {k: c.get("data-flags") for k, c in points.items()} == {
+        ("b1_h0.00", "p50_ms"): "", ("b1_h0.00", "p99_ms"): "",
+        ("b1_h0.50", "p50_ms"): "thin,off-target", ("b1_h0.50", "p99_ms"): "thin,off-target"}
+    assert rings == {(points["b1_h0.50", m].get("cx"), points["b1_h0.50", m].get("cy")) for m in ("p50_ms", "p99_ms")}
+    assert points["b1_h0.50", "p50_ms"].find("s:title", NS).text.endswith("p50 ms 7.00 (flagged: thin, off-target)")
+    assert "flagged stage" in "".join(root.find(".//s:g[@class='legend']", NS).itertext())
