@@ -74,6 +74,9 @@ def test_the_web_ui_and_the_master_listen_on_loopback_by_default(tmp_path):
     try:
         assert wait_listening(web, process) == {"127.0.0.1"}
         assert wait_listening(master, process) == {"127.0.0.1"}
+        with urllib.request.urlopen(f"http://127.0.0.1:{web}/", timeout=10) as response:
+            page = response.read().decode()
+        assert '"host": "grpc://127.0.0.1:8001"' in page  # the form's Host field: the Triton address
     finally:
         took = interrupt(process)
     print(f"idle web UI master: exit {took:.2f} s after SIGINT")
