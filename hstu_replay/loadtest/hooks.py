@@ -133,6 +133,15 @@ def _interrupt_ends_the_process(environment) -> None:
             hub.loop.run_callback(main.throw, KeyboardInterrupt)
 
     gevent.signal_handler(signal.SIGINT, interrupt)
+    if environment.parsed_options.headless:
+        # Locust installs its SIGTERM handler only once a headless run is over: until then a
+        # SIGTERM (Kubernetes, docker stop) killed the process with no report. Take it as Ctrl-C
+        # while the run goes; afterwards Locust's own handler acts alone.
+        def terminate():
+            if environment.runner is not None and environment.runner.state in (STATE_SPAWNING, STATE_RUNNING):
+                interrupt()
+
+        gevent.signal_handler(signal.SIGTERM, terminate)
 
 
 def _exit(exc: HstuReplayError) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -45,15 +46,17 @@ def assert_report_matches_records(report: Path) -> dict:
     return data
 
 
-def test_ctrl_c_ends_a_headless_run_with_its_report(triton_server, reference_dumps, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_ends_a_headless_run_with_its_report(signum, triton_server, reference_dumps, tmp_path):
     report = tmp_path / "report"
     process = launch(tmp_path / "locust.log", "--headless", "-u", "2", "-r", "2", "--report-dir", str(report),
                      *sweep(triton_server, reference_dumps))
     try:
         _until(lambda: measuring(report), 90, "measured requests")
     finally:
-        took = interrupt(process)
-    print(f"headless mid-run: exit {took:.2f} s after SIGINT (code {process.returncode})")
+        took = interrupt(process, signum=signum)
+    print(f"headless mid-run: exit {took:.2f} s after {signal.Signals(signum).name} (code {process.returncode})")
+    assert process.returncode == 0
     assert took < BOUND_S
     assert_report_matches_records(report)
 

@@ -55,16 +55,16 @@ def wait_listening(port: int, process: subprocess.Popen, timeout: float = 60.0) 
     raise AssertionError(f"nothing listens on {port} (exit {process.poll()})")
 
 
-def interrupt(process: subprocess.Popen, timeout: float = 30.0) -> float:
-    """SIGINT (Ctrl-C); seconds until the process is gone."""
+def interrupt(process: subprocess.Popen, timeout: float = 30.0, signum: int = signal.SIGINT) -> float:
+    """SIGINT (Ctrl-C) or `signum`; seconds until the process is gone."""
     began = time.monotonic()
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     try:
         process.wait(timeout)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(10)
-        raise AssertionError(f"still running {timeout} s after SIGINT") from None
+        raise AssertionError(f"still running {timeout} s after {signal.Signals(signum).name}") from None
     return time.monotonic() - began
 
 
