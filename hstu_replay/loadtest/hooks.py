@@ -8,13 +8,12 @@ starts when spawning completes, and the report is written at test stop (loadtest
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 
 import gevent
 from locust import events
-from locust.runners import MasterRunner, WorkerRunner
+from locust.runners import STATE_INIT, STATE_RUNNING, STATE_SPAWNING, MasterRunner, WorkerRunner
 
 from hstu_replay.errors import HstuReplayError
 from hstu_replay.loadtest import monitor, server_stats, webaccess, webform, webui
@@ -50,7 +49,7 @@ def _init(environment, **_):
     options = environment.parsed_options
     secrets = take_secrets(options)  # each process's own, never in the options a master sends
     credentials = webaccess.take_credentials(options)
-    _interrupt_ends_the_process(options)
+    _interrupt_ends_the_process(environment)
     if role == "worker":
         config = LoadTestConfig()  # placeholder: the master's options arrive with each test start
     else:
@@ -112,12 +111,37 @@ def _address_in_host(environment, config: LoadTestConfig) -> None:
     options.triton_url, options.triton_protocol, options.triton_ssl = "", "grpc", False
 
 
-def _interrupt_ends_the_process(options) -> None:
-    """Ctrl-C takes Locust's SIGTERM path (report written, workers told, exit), in every mode:
-    a KeyboardInterrupt raised inside whichever greenlet happened to run can leave the process up.
+def _interrupt_ends_the_process(environment) -> None:
+    """Ctrl-C raises KeyboardInterrupt in Locust's main greenlet, in every mode, where Locust
+    catches it, stops the run and quits (the report is written at quitting). Python's own handler
+    raises it in whichever greenlet happens to run (often a user's, which just dies) and leaves
+    the process up. A headless master still waiting for --expect-workers (a wait Locust does not
+    interrupt cleanly) tells the workers already connected to quit and exits 1: no run happened.
     Locust's --processes parent keeps its own handler."""
-    if not getattr(options, "processes", None):
-        gevent.signal_handler(signal.SIGINT, os.kill, os.getpid(), signal.SIGTERM)
+    if getattr(environment.parsed_options, "processes", None):
+        return
+    hub = gevent.get_hub()
+    main = hub.parent  # the greenlet Locust's main() runs in
+
+    def interrupt():
+        runner = environment.runner
+        if isinstance(runner, MasterRunner) and runner.state == STATE_INIT and environment.parsed_options.headless:
+            print("hstu-replay: interrupted while waiting for workers; no run happened", file=sys.stderr, flush=True)
+            runner.quit()
+            hub.loop.run_callback(main.throw, SystemExit(1))
+        else:
+            hub.loop.run_callback(main.throw, KeyboardInterrupt)
+
+    gevent.signal_handler(signal.SIGINT, interrupt)
+    if environment.parsed_options.headless:
+        # Locust installs its SIGTERM handler only once a headless run is over: until then a
+        # SIGTERM (Kubernetes, docker stop) killed the process with no report. Take it as Ctrl-C
+        # while the run goes; afterwards Locust's own handler acts alone.
+        def terminate():
+            if environment.runner is not None and environment.runner.state in (STATE_SPAWNING, STATE_RUNNING):
+                interrupt()
+
+        gevent.signal_handler(signal.SIGTERM, terminate)
 
 
 def _exit(exc: HstuReplayError) -> None:
@@ -178,6 +202,14 @@ def _quitting(environment, **_):
     runtime: LoadTestRuntime = getattr(environment, "hstu", None)
     if runtime is None:
         return
+    runner = environment.runner
+    if runtime.run is not None and runner is not None and runner.state in (STATE_SPAWNING, STATE_RUNNING):
+        # a run still going (Ctrl-C): its users end before the report is written; a worker
+        # quitting on its own also sends its last statistics, which Locust sends only when the
+        # master asks it to quit (else the master's report misses up to 3 s of this worker's)
+        runner.stop()
+        if isinstance(runner, WorkerRunner):
+            runner._send_stats()
     if runtime.role != "worker" and runtime.run is not None:
         from hstu_replay.loadtest.finish import write_final_report
 

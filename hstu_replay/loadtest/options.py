@@ -29,17 +29,19 @@ def _opt(flag: str, default, help_text: str, secret: bool = False, arg_default=N
 PATH_OPTIONS = ("triton_root_cert", "store", "dump_dir", "report_dir")
 TARGET_OPTIONS = ("triton_url", "triton_protocol", "triton_ssl")
 
-# --help groups; an option listed in none is in "sweep and checks".
+# Option groups, in the order the web form lists them (each help text starts with its group);
+# an option listed in none is in DEFAULT_GROUP.
 GROUPS = {
-    "hstu-replay: target (the address is --host)": ("triton_url", "triton_protocol", "triton_ssl", "triton_root_cert",
-                                                    "triton_headers", "triton_model", "triton_timeout"),
-    "hstu-replay: data": ("workload", "store", "dump_dir", "candidates", "max_history", "max_values", "seed"),
-    "hstu-replay: natural replay (--workload timeline)": ("time_scale", "time_slice_ms", "timeline_shard"),
-    "hstu-replay: server cache": ("cache_budget_tokens", "cache_page_tokens"),
-    "hstu-replay: report": ("report_dir", "verify_fraction", "tolerance", "max_mismatches", "max_error_ratio",
-                            "max_p99_ms", "min_speedup", "min_stage_requests", "max_loop_lag_ms"),
+    "Data": ("workload", "store", "dump_dir", "candidates", "max_history", "max_values", "seed"),
+    "Natural replay (--workload timeline)": ("time_scale", "time_slice_ms", "timeline_shard"),
+    "Sweep and load": (),
+    "Server cache": ("cache_budget_tokens", "cache_page_tokens"),
+    "Checks and report": ("verify_fraction", "tolerance", "max_mismatches", "max_error_ratio", "max_p99_ms",
+                          "min_speedup", "min_stage_requests", "max_loop_lag_ms", "report_dir"),
+    "Target (the address is the Host field)": ("triton_model", "triton_timeout", "triton_root_cert", "triton_url",
+                                               "triton_protocol", "triton_ssl", "triton_headers"),
 }
-DEFAULT_GROUP = "hstu-replay: sweep and load"
+DEFAULT_GROUP = "Sweep and load"
 DEFAULT_ADDRESS = "127.0.0.1:8001"
 SCHEMES = {"grpc": ("grpc", False), "grpcs": ("grpc", True), "http": ("http", False), "https": ("http", True)}
 
@@ -250,19 +252,28 @@ def register_arguments(parser) -> None:
     """Add every option to Locust's parser, in groups. The web form shows all but the target
     address (the Host field) and secrets; what a submitted form may change is checked again
     there (loadtest.webform)."""
-    groups = {title: parser.add_argument_group(title) for title in (*GROUPS, DEFAULT_GROUP)}
+    for action in parser._actions:  # Locust's own --host is the Triton address here
+        if action.dest == "host":
+            action.metavar, action.help = "<triton url>", ("The Triton address: grpc://host:8001, http://host:8000, "
+                                                           "https:// (HTTP + TLS) or grpcs:// (gRPC + TLS)")
     where = {name: title for title, names in GROUPS.items() for name in names}
+    by_group = {title: [] for title in GROUPS}
     for f in fields(LoadTestConfig):
-        env = "LOCUST_" + f.metadata["flag"][2:].upper().replace("-", "_")
-        web = not f.metadata["secret"] and f.name not in TARGET_OPTIONS
-        kwargs = {"default": f.metadata["arg_default"], "help": f.metadata["help"], "env_var": env}
-        if isinstance(f.default, bool):
-            kwargs["action"] = "store_true"
-        else:
-            kwargs["type"] = type(f.default)
-        action = groups[where.get(f.name, DEFAULT_GROUP)].add_argument(f.metadata["flag"], dest=f.name, **kwargs)
-        # what LocustArgumentParser.add_argument sets (an argument group's add_argument does not)
-        action.include_in_web_ui, action.is_secret, action.is_required, action.is_multiple = web, False, False, False
+        by_group[where.get(f.name, DEFAULT_GROUP)].append(f)
+    for title, members in by_group.items():
+        group = parser.add_argument_group(f"hstu-replay: {title.lower()}")
+        for f in members:
+            env = "LOCUST_" + f.metadata["flag"][2:].upper().replace("-", "_")
+            web = not f.metadata["secret"] and f.name not in TARGET_OPTIONS
+            kwargs = {"default": f.metadata["arg_default"], "help": f"{title.split(' (')[0]}: {f.metadata['help']}",
+                      "env_var": env}
+            if isinstance(f.default, bool):
+                kwargs["action"] = "store_true"
+            else:
+                kwargs["type"] = type(f.default)
+            action = group.add_argument(f.metadata["flag"], dest=f.name, **kwargs)
+            # what LocustArgumentParser.add_argument sets (an argument group's add_argument does not)
+            action.include_in_web_ui, action.is_secret, action.is_required, action.is_multiple = web, False, False, False
 
 
 def _coerce(raw, kind):

@@ -55,16 +55,16 @@ def wait_listening(port: int, process: subprocess.Popen, timeout: float = 60.0) 
     raise AssertionError(f"nothing listens on {port} (exit {process.poll()})")
 
 
-def interrupt(process: subprocess.Popen, timeout: float = 30.0) -> float:
-    """SIGINT (Ctrl-C); seconds until the process is gone."""
+def interrupt(process: subprocess.Popen, timeout: float = 30.0, signum: int = signal.SIGINT) -> float:
+    """SIGINT (Ctrl-C) or `signum`; seconds until the process is gone."""
     began = time.monotonic()
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     try:
         process.wait(timeout)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(10)
-        raise AssertionError(f"still running {timeout} s after SIGINT") from None
+        raise AssertionError(f"still running {timeout} s after {signal.Signals(signum).name}") from None
     return time.monotonic() - began
 
 
@@ -74,6 +74,9 @@ def test_the_web_ui_and_the_master_listen_on_loopback_by_default(tmp_path):
     try:
         assert wait_listening(web, process) == {"127.0.0.1"}
         assert wait_listening(master, process) == {"127.0.0.1"}
+        with urllib.request.urlopen(f"http://127.0.0.1:{web}/", timeout=10) as response:
+            page = response.read().decode()
+        assert '"host": "grpc://127.0.0.1:8001"' in page  # the form's Host field: the Triton address
     finally:
         took = interrupt(process)
     print(f"idle web UI master: exit {took:.2f} s after SIGINT")

@@ -1,4 +1,5 @@
-"""Locust's web UI driving real runs: a rerun from the form starts clean, with the paths as edited."""
+"""Locust's web UI driving real runs: a rerun from the form starts clean, with the paths as edited
+(below --web-paths-root; one outside it is refused with no load started)."""
 
 from __future__ import annotations
 
@@ -54,13 +55,19 @@ def test_a_rerun_from_the_web_ui_starts_clean(triton_server, reference_dumps, tm
         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
         _until(lambda: _get(f"{base}/stats/requests")["state"] == "ready", 60, "the web UI")
+        outside = tmp_path.parent / f"{tmp_path.name}-outside"
+        reply = _post(f"{base}/swarm", {"user_count": 2, "spawn_rate": 2, "report_dir": str(outside)})
+        assert not reply["success"] and "outside --web-paths-root" in reply["message"], reply
+        time.sleep(1)
+        assert _get(f"{base}/stats/requests")["state"] == "ready" and not outside.exists()  # no load started
         for run in ("first", "second"):
             reply = _post(f"{base}/swarm", {"user_count": 2, "spawn_rate": 2, "report_dir": str(tmp_path / run)})
             assert reply["success"], reply
             _until(lambda: _get(f"{base}/stats/requests")["state"] == "running", 30, f"the {run} run to start")
             _until(lambda: _get(f"{base}/stats/requests")["state"] == "stopped", 60, f"the {run} run to end")
             _until(lambda: (tmp_path / run / "report.json").is_file(), 10, f"the {run} report")
-        tab = _get(f"{base}/stats/requests")["extended_stats"][0]["data"]
+        stats = _get(f"{base}/stats/requests")
+        tab = stats["extended_stats"][0]["data"]
         assert [row["bin"] for row in tab] == ["b1_h0.00", "b1_h1.00"]
     finally:
         process.send_signal(signal.SIGTERM)
@@ -72,6 +79,10 @@ def test_a_rerun_from_the_web_ui_starts_clean(triton_server, reference_dumps, tm
     assert not {k for r in first for k in r["keys"]} & {k for r in second for k in r["keys"]}
     report = json.loads((tmp_path / "second" / "report.json").read_text())
     assert sum(b["requests"] for b in report["bins"]) == sum(r["kind"] == "measure" for r in second)
+    # the live tab and Locust's own counters show the second run only
+    assert [int(row["requests"]) for row in tab] == [b["requests"] for b in report["bins"]]
+    locust_total = next(row for row in stats["stats"] if row["name"] == "Aggregated")["num_requests"]
+    assert locust_total == len(second)  # one Locust request event per record: none of the first run's
 
 
 def test_tab_rows_carry_target_provenance_and_flag_reasons():

@@ -1,0 +1,133 @@
+"""Ctrl-C (SIGINT) ends every mode of a real Locust run against the real server, with the report
+written: headless, web UI (a run started from the form), master and worker. The product's
+bound is 5 s; the assertions leave room for a loaded machine and the times are printed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from hstu_replay.loadtest.records import read_records
+from tests.conftest import ROOT, free_ports, locust_command
+from tests.loadtest.test_webaccess import interrupt
+from tests.loadtest.test_webui import _get, _post, _until
+
+pytestmark = pytest.mark.integration
+
+BOUND_S = 15.0  # the product target is 5 s; the measured times are printed (-s)
+
+
+def sweep(server, dumps: Path) -> list[str]:
+    return ["--host", f"grpc://{server.grpc_url}", "--workload", "dumps", "--dump-dir", str(dumps), "--hit-ratios", "0,1.0",
+            "--batch-sizes", "1", "--stage-seconds", "60", "--warmup-seconds", "0.5", "--max-history", "256"]
+
+
+def launch(log: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    with log.open("w") as out:
+        return subprocess.Popen(locust_command("--loglevel", "INFO", *args), stdout=out, stderr=subprocess.STDOUT,
+                                cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
+
+
+def measuring(report: Path, count: int = 5) -> bool:
+    return sum(r["kind"] == "measure" for r in read_records(report)) >= count
+
+
+def assert_report_matches_records(report: Path) -> dict:
+    data = json.loads((report / "report.json").read_text())
+    measured = [r for r in read_records(report) if r["kind"] == "measure"]
+    assert measured
+    assert sum(b["requests"] for b in data["bins"]) == len(measured)
+    return data
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_ends_a_headless_run_with_its_report(signum, triton_server, reference_dumps, tmp_path):
+    report = tmp_path / "report"
+    process = launch(tmp_path / "locust.log", "--headless", "-u", "2", "-r", "2", "--report-dir", str(report),
+                     *sweep(triton_server, reference_dumps))
+    try:
+        _until(lambda: measuring(report), 90, "measured requests")
+    finally:
+        took = interrupt(process, signum=signum)
+    print(f"headless mid-run: exit {took:.2f} s after {signal.Signals(signum).name} (code {process.returncode})")
+    assert process.returncode == 0
+    assert took < BOUND_S
+    assert_report_matches_records(report)
+
+
+def test_ctrl_c_ends_the_web_ui_during_a_run_from_the_form(triton_server, reference_dumps, tmp_path):
+    (port,) = free_ports(1)
+    base, report = f"http://127.0.0.1:{port}", tmp_path / "report"
+    process = launch(tmp_path / "locust.log", "--web-port", str(port), "--report-dir", str(report),
+                     *sweep(triton_server, reference_dumps))
+    try:
+        _until(lambda: _get(f"{base}/stats/requests")["state"] == "ready", 60, "the web UI")
+        assert _post(f"{base}/swarm", {"user_count": 2, "spawn_rate": 2, "host": f"grpc://{triton_server.grpc_url}"})["success"]
+        _until(lambda: measuring(report), 90, "measured requests")
+    finally:
+        took = interrupt(process)
+    print(f"web UI mid-run: exit {took:.2f} s after SIGINT (code {process.returncode})")
+    assert took < BOUND_S
+    assert_report_matches_records(report)
+
+
+def test_ctrl_c_ends_a_worker_and_then_its_master(triton_server, reference_dumps, tmp_path):
+    (master_port,) = free_ports(1)
+    report = tmp_path / "report"
+    master = launch(tmp_path / "master.log", "--master", "--headless", "-u", "4", "-r", "4", "--expect-workers", "2",
+                    "--expect-workers-max-wait", "90", "--master-bind-port", str(master_port), "--report-dir", str(report),
+                    *sweep(triton_server, reference_dumps))
+    workers = [launch(tmp_path / f"worker{i}.log", "--worker", "--master-port", str(master_port), "--report-dir",
+                      str(report)) for i in range(2)]
+    try:
+        _until(lambda: measuring(report, 10), 120, "measured requests")
+        worker_took = interrupt(workers[0])
+        time.sleep(1)
+        master_took = interrupt(master)
+        began = time.monotonic()
+        workers[1].wait(BOUND_S)
+        other_took = time.monotonic() - began
+    finally:
+        for p in (master, *workers):
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+    print(f"worker: exit {worker_took:.2f} s after SIGINT (code {workers[0].returncode}); master: {master_took:.2f} s "
+          f"(code {master.returncode}); the other worker {other_took:.2f} s after its master")
+    assert worker_took < BOUND_S and master_took < BOUND_S
+    data = json.loads((report / "report.json").read_text())
+    measured = sum(r["kind"] == "measure" for r in read_records(report))
+    print(f"master's report: {sum(b['requests'] for b in data['bins'])} measured requests; workers' records: {measured}")
+    assert data["run"]["role"] == "master"
+    assert sum(b["requests"] for b in data["bins"]) == measured  # the interrupted worker's last ones included
+
+
+def test_ctrl_c_ends_a_master_still_waiting_for_its_workers(triton_server, reference_dumps, tmp_path):
+    (master_port,) = free_ports(1)
+    log = tmp_path / "master.log"
+    master = launch(log, "--master", "--headless", "-u", "2", "-r", "2", "--expect-workers", "2",
+                    "--master-bind-port", str(master_port), "--report-dir", str(tmp_path / "report"),
+                    *sweep(triton_server, reference_dumps))
+    worker = launch(tmp_path / "worker.log", "--worker", "--master-port", str(master_port))
+    try:
+        _until(lambda: "1 of 2 connected" in log.read_text() or "Worker" in log.read_text(), 60, "a worker to connect")
+        time.sleep(1)
+        took = interrupt(master)
+        began = time.monotonic()
+        worker.wait(BOUND_S)
+        worker_took = time.monotonic() - began
+    finally:
+        for p in (master, worker):
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+    print(f"master waiting for workers: exit {took:.2f} s after SIGINT (code {master.returncode}); its worker "
+          f"{worker_took:.2f} s after")
+    assert took < BOUND_S and worker_took < BOUND_S and "Traceback" not in log.read_text()
+    assert "hstu-replay: interrupted while waiting for workers" in log.read_text()
