@@ -116,6 +116,19 @@ def _port_free(port: int) -> bool:
             return False
 
 
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll `condition` (an OSError counts as not yet) until true; fail naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except OSError:
+            pass
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 @pytest.fixture(scope="session")
 def sample_store(tmp_path_factory) -> Path:
     from hstu_replay.data.prepare import prepare

@@ -7,11 +7,11 @@ rather than argparse's usage block. Exit 0: every hit ratio has a sustainable st
 from __future__ import annotations
 
 import argparse
-import math
 import shlex
 import sys
 from pathlib import Path
 
+from hstu_replay.arguments import number, numbers
 from hstu_replay.errors import ConfigError
 
 NO_SUSTAINABLE_STEP_EXIT = 3
@@ -91,26 +91,6 @@ def add_commands(groups) -> None:
 
 # -- options -> plan --------------------------------------------------------------------------
 
-def _number(flag: str, text: str | None, low: float | None = None, *, above: bool = False,
-            integral: bool = False) -> float:
-    try:
-        value = float(text)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ConfigError(f"{flag} {text!r}: expected a number") from None
-    if not math.isfinite(value) or (integral and value != int(value)):
-        raise ConfigError(f"{flag} {text!r}: expected a finite {'whole ' if integral else ''}number")
-    if low is not None and (value <= low if above else value < low):
-        raise ConfigError(f"{flag} {text!r}: must be {'>' if above else '>='} {low:g}")
-    return int(value) if integral else value
-
-
-def _numbers(flag: str, text: str, low: float, *, above: bool = False, integral: bool = False) -> tuple[float, ...]:
-    parts = [p.strip() for p in str(text).split(",")]
-    if not any(parts) or not all(parts):
-        raise ConfigError(f"{flag} {text!r}: give comma-separated numbers")
-    return tuple(_number(flag, p, low, above=above, integral=integral) for p in parts)
-
-
 def _locust_args(text: str) -> tuple[str, ...]:
     try:
         args = tuple(shlex.split(text))
@@ -143,40 +123,40 @@ def plan_from_args(args: argparse.Namespace):
     from hstu_replay.capacity.metrics import metrics_url
     from hstu_replay.capacity.search import Slo
 
-    ratios = _numbers("--hit-ratios", args.hit_ratios, 0.0)
+    ratios = numbers("--hit-ratios", args.hit_ratios, 0.0)
     if any(r > 1.0 for r in ratios):
         raise ConfigError(f"--hit-ratios {args.hit_ratios!r}: every ratio must lie in 0..1")
     given = [k for k in LOAD_KINDS.values() if getattr(args, k.flag[2:].replace("-", "_")) is not None]
     if len(given) != 1:
         raise ConfigError(f"give exactly one of {' or '.join(k.flag for k in LOAD_KINDS.values())}")
     kind = given[0]
-    loads = _numbers(kind.flag, getattr(args, kind.flag[2:].replace("-", "_")), 0.0, above=True,
+    loads = numbers(kind.flag, getattr(args, kind.flag[2:].replace("-", "_")), 0.0, above=True,
                      integral=kind.integral)
     if any(b <= a for a, b in zip(loads, loads[1:])):
         raise ConfigError(f"{kind.flag} {','.join(f'{x:g}' for x in loads)}: steps must ascend")
     if args.slo_p99_ms is None:
         raise ConfigError("--slo-p99-ms is required (the p99 latency objective in ms)")
-    slo = Slo(_number("--slo-p99-ms", args.slo_p99_ms, 0.0, above=True),
-              _number("--slo-error-ratio", args.slo_error_ratio, 0.0))
+    slo = Slo(number("--slo-p99-ms", args.slo_p99_ms, 0.0, above=True),
+              number("--slo-error-ratio", args.slo_error_ratio, 0.0))
     if slo.error_ratio > 1.0:
         raise ConfigError(f"--slo-error-ratio {args.slo_error_ratio!r}: use 0..1")
-    batch = _number("--batch-size", args.batch_size, 1, integral=True)
+    batch = number("--batch-size", args.batch_size, 1, integral=True)
     if batch > 8:
         raise ConfigError(f"--batch-size {args.batch_size!r}: use 1..8")
-    share = _number("--worker-cpu-share", args.worker_cpu_share, 0.0, above=True)
+    share = number("--worker-cpu-share", args.worker_cpu_share, 0.0, above=True)
     if share > 1.0:
         raise ConfigError(f"--worker-cpu-share {args.worker_cpu_share!r}: use a share of one core, 0..1")
-    step_s = _number("--step-seconds", args.step_seconds, 0.0, above=True)
-    warmup_s = _number("--warmup-seconds", args.warmup_seconds, 0.0)
+    step_s = number("--step-seconds", args.step_seconds, 0.0, above=True)
+    warmup_s = number("--warmup-seconds", args.warmup_seconds, 0.0)
     timeout_s = (warmup_s + step_s + STEP_TIMEOUT_SLACK_S if args.step_timeout is None
-                 else _number("--step-timeout", args.step_timeout, 0.0, above=True))
+                 else number("--step-timeout", args.step_timeout, 0.0, above=True))
     if timeout_s <= warmup_s + step_s:
         raise ConfigError(f"--step-timeout {timeout_s:g}: must exceed warm-up + step ({warmup_s + step_s:g} s)")
     return CapacityPlan(
         hit_ratios=ratios, load_kind=kind, loads=loads, slo=slo, out_dir=Path(args.out), batch_size=batch,
         step_seconds=step_s, warmup_seconds=warmup_s,
-        rate_users=_number("--rate-users", args.rate_users, 1, integral=True),
-        target_rps=None if args.target_rps is None else _number("--target-rps", args.target_rps, 0.0, above=True),
+        rate_users=number("--rate-users", args.rate_users, 1, integral=True),
+        target_rps=None if args.target_rps is None else number("--target-rps", args.target_rps, 0.0, above=True),
         worker_cpu_share=share,
         model=args.triton_model, workload_args=_workload_args(args), locust_args=_locust_args(args.locust_args),
         metrics_url=metrics_url(args.metrics_url) if args.metrics_url else None,
@@ -233,24 +213,24 @@ def _natural(args: argparse.Namespace) -> int:
         serve_args = tuple(shlex.split(args.serve_args))
     except ValueError as exc:
         raise ConfigError(f"--serve-args {args.serve_args!r}: {exc}") from None
-    batch = _number("--batch-size", args.batch_size, 1, integral=True)
+    batch = number("--batch-size", args.batch_size, 1, integral=True)
     if batch > 8:
         raise ConfigError(f"--batch-size {args.batch_size}: use 1..8")
     plan = NaturalPlan(
         store=args.store, repository=args.repository, out_dir=Path(args.out),
-        slo=Slo(_number("--slo-p99-ms", args.slo_p99_ms, 0, above=True),
-                _number("--slo-error-ratio", args.slo_error_ratio, 0)),
-        request_rate=_number("--request-rate", args.request_rate, 0, above=True),
-        curve_ratios=_numbers("--curve-ratios", args.curve_ratios, 0),
-        budgets=tuple(int(b) for b in _numbers("--budgets", args.budgets, 0, integral=True)) if args.budgets else (),
-        max_servers=_number("--max-servers", args.max_servers, 1, integral=True),
-        users=_number("--users", args.users, 1, integral=True), batch_size=batch,
-        time_slice_ms=_number("--time-slice-ms", args.time_slice_ms, 0, integral=True),
-        step_seconds=_number("--step-seconds", args.step_seconds, 0, above=True),
-        warmup_seconds=_number("--warmup-seconds", args.warmup_seconds, 0),
-        candidates=_number("--candidates", args.candidates, 1, integral=True),
-        max_history=_number("--max-history", args.max_history, 1, integral=True),
-        page_tokens=_number("--page-tokens", args.page_tokens, 1, integral=True), serve_args=serve_args)
+        slo=Slo(number("--slo-p99-ms", args.slo_p99_ms, 0, above=True),
+                number("--slo-error-ratio", args.slo_error_ratio, 0)),
+        request_rate=number("--request-rate", args.request_rate, 0, above=True),
+        curve_ratios=numbers("--curve-ratios", args.curve_ratios, 0),
+        budgets=tuple(int(b) for b in numbers("--budgets", args.budgets, 0, integral=True)) if args.budgets else (),
+        max_servers=number("--max-servers", args.max_servers, 1, integral=True),
+        users=number("--users", args.users, 1, integral=True), batch_size=batch,
+        time_slice_ms=number("--time-slice-ms", args.time_slice_ms, 0, integral=True),
+        step_seconds=number("--step-seconds", args.step_seconds, 0, above=True),
+        warmup_seconds=number("--warmup-seconds", args.warmup_seconds, 0),
+        candidates=number("--candidates", args.candidates, 1, integral=True),
+        max_history=number("--max-history", args.max_history, 1, integral=True),
+        page_tokens=number("--page-tokens", args.page_tokens, 1, integral=True), serve_args=serve_args)
     from hstu_replay.data.store import SequenceStore
     from hstu_replay.errors import HstuReplayError
 

@@ -8,11 +8,11 @@ reference; 2: bad options or data, or a server or model that cannot be used.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from hstu_replay.arguments import number, numbers
 from hstu_replay.client.triton import ClientOptions, TritonClient
 from hstu_replay.errors import ConfigError, InputError, LimitError
 from hstu_replay.interface import INTERFACES, Limits
@@ -55,23 +55,6 @@ def add_commands(groups) -> None:
     p.set_defaults(func=_protocol)
 
 
-def _number(name: str, text: str, kind=int, low: float = 0, high: float = math.inf):
-    try:
-        value = kind(text)
-    except ValueError:
-        raise ConfigError(f"{name} {text!r}: not a {'whole ' if kind is int else ''}number") from None
-    if not (low <= value <= high) or (kind is float and not math.isfinite(value)):
-        raise ConfigError(f"{name} {text!r}: must be within {low:g}..{high:g}")
-    return value
-
-
-def _list(name: str, text: str, low: int, high: int) -> list[int]:
-    values = [_number(name, t.strip(), int, low, high) for t in text.split(",") if t.strip()]
-    if not values:
-        raise ConfigError(f"{name}: give at least one value")
-    return sorted(set(values))
-
-
 @dataclass(frozen=True)
 class Settings:
     """The command's options, checked."""
@@ -96,24 +79,24 @@ def _settings(args: argparse.Namespace) -> Settings:
     models = tuple(m.strip() for m in args.models.split(",") if m.strip())
     if not models or any(m not in known for m in models):
         raise ConfigError(f"--models {args.models!r}: use some of {', '.join(sorted(known))}")
-    limits = Limits(max_values=_number("--max-values", args.max_values, int, 1))
-    backend_batch = _number("--backend-batch", args.backend_batch, int, 1, limits.max_batch)
-    batch_sizes = (tuple(_list("--batch-sizes", args.batch_sizes, 1, limits.max_batch))
+    limits = Limits(max_values=number("--max-values", args.max_values, 1, integral=True))
+    backend_batch = number("--backend-batch", args.backend_batch, 1, limits.max_batch, integral=True)
+    batch_sizes = (tuple(sorted(set(numbers("--batch-sizes", args.batch_sizes, 1, limits.max_batch, integral=True))))
                    if SCALING_MODEL in models else ())
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():
         raise ConfigError(f"--out {args.out!r}: exists and is not a folder")
-    timeout = _number("--timeout", args.timeout, float, 0.1)
+    timeout = number("--timeout", args.timeout, 0.1)
     return Settings(
         options=ClientOptions(url=args.triton_url, protocol=args.triton_protocol, timeout_s=timeout),
         models=models,
         runs=tuple([(m, backend_batch) for m in models]
                    + [(SCALING_MODEL, b) for b in batch_sizes if b != backend_batch]),
         backend_batch=backend_batch, batch_sizes=batch_sizes,
-        cases=_number("--cases", args.cases, int, 1) + 1 if args.cases else None,
-        repeats=_number("--repeats", args.repeats, int, 1, 100),
-        sleep_s=_number("--sleep", args.sleep, float, 0, 60),
-        tolerance=_number("--tolerance", args.tolerance, float, 0),
+        cases=number("--cases", args.cases, 1, integral=True) + 1 if args.cases else None,
+        repeats=number("--repeats", args.repeats, 1, 100, integral=True),
+        sleep_s=number("--sleep", args.sleep, 0, 60),
+        tolerance=number("--tolerance", args.tolerance, 0),
         limits=limits, out=out,
     )
 
@@ -124,8 +107,8 @@ def _plan(args: argparse.Namespace, s: Settings) -> tuple[int, dict[tuple[str, i
         if args.dump_dir is not None:
             users = users_from_dumps(args.dump_dir)
         else:
-            candidates = _number("--candidates", args.candidates, int, 1, s.limits.max_candidates)
-            history = _number("--max-history", args.max_history, int, 1, s.limits.max_history)
+            candidates = number("--candidates", args.candidates, 1, s.limits.max_candidates, integral=True)
+            history = number("--max-history", args.max_history, 1, s.limits.max_history, integral=True)
             users = users_from_store(args.store, candidates, history)
         return len(users), {run: make_cases(users, run[1], s.cases, s.limits) for run in s.runs}
     except (InputError, LimitError) as exc:

@@ -13,7 +13,8 @@ from hstu_replay.client.triton import ClientOptions, TritonClient
 from hstu_replay.errors import AccessDenied, ServerError
 from hstu_replay.interface import KVCACHE
 from tests.certs import SENTINEL, SecureServer, start_secure_server
-from tests.client.test_triton import _request, _rekeyed
+from tests.client.test_triton import _rekeyed, _request
+from tests.client.test_triton import _tritonclient_logits as tritonclient_logits
 
 pytestmark = pytest.mark.integration
 PROTOCOLS = ["grpc", "http"]
@@ -40,23 +41,12 @@ def _tritonclient_logits(secure: SecureServer, protocol: str, request) -> np.nda
     if protocol == "grpc":
         import tritonclient.grpc as module
 
-        client = module.InferenceServerClient(secure.grpc_url, ssl=True, root_certificates=str(secure.certs.ca))
-    else:
-        import tritonclient.http as module
+        options = {"ssl": True, "root_certificates": str(secure.certs.ca)}
+        return tritonclient_logits(module, secure.grpc_url, request, secure.headers(protocol), **options)
+    import tritonclient.http as module
 
-        client = module.InferenceServerClient(secure.https_url, ssl=True,
-                                              ssl_options={"ca_certs": str(secure.certs.ca)})
-    try:
-        inputs = []
-        for name, array in request.inputs(KVCACHE).items():
-            item = module.InferInput(name, list(array.shape), "INT64")
-            item.set_data_from_numpy(np.ascontiguousarray(array))
-            inputs.append(item)
-        result = client.infer(KVCACHE.model_name, inputs, outputs=[module.InferRequestedOutput("OUTPUT__0")],
-                              headers=secure.headers(protocol))
-        return result.as_numpy("OUTPUT__0")
-    finally:
-        client.close()
+    options = {"ssl": True, "ssl_options": {"ca_certs": str(secure.certs.ca)}}
+    return tritonclient_logits(module, secure.https_url, request, secure.headers(protocol), **options)
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])  # the certificate names both

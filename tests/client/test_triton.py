@@ -59,16 +59,17 @@ def _request(seed: int, batch: int = 3, history: int = 40):
     return build_request(users, Limits(max_history=256))
 
 
-def _tritonclient_logits(module, url: str, request) -> np.ndarray:
+def _tritonclient_logits(module, url: str, request, headers: dict | None = None, **client_options) -> np.ndarray:
     """The same request through NVIDIA's tritonclient (the independent implementation)."""
-    client = module.InferenceServerClient(url)
+    client = module.InferenceServerClient(url, **client_options)
     try:
         inputs = []
         for name, array in request.inputs(KVCACHE).items():
             item = module.InferInput(name, list(array.shape), "INT64")
             item.set_data_from_numpy(np.ascontiguousarray(array))
             inputs.append(item)
-        result = client.infer(KVCACHE.model_name, inputs, outputs=[module.InferRequestedOutput("OUTPUT__0")])
+        result = client.infer(KVCACHE.model_name, inputs, outputs=[module.InferRequestedOutput("OUTPUT__0")],
+                              headers=headers)
         return result.as_numpy("OUTPUT__0")
     finally:
         client.close()

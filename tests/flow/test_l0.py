@@ -25,6 +25,7 @@ from hstu_replay.flow.l0 import MARKER, _hit_warnings
 from hstu_replay.reference import native
 from hstu_replay.target.serve import free_ports
 from hstu_replay.target.watchdog import _stat
+from tests.conftest import _port_free
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOW = [sys.executable, "-m", "hstu_replay.cli", "flow", "l0"]
@@ -37,16 +38,6 @@ def _flow(*args: str, timeout: float = 600.0) -> subprocess.CompletedProcess[str
 
 def _summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def assert_torn_down(summary: dict, ports: list[int]) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_ports, locust_command
+from tests.conftest import ROOT, free_ports, locust_command, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -27,18 +27,6 @@ CHART_KEYS = {"latency": ("p50_ms", "p99_ms"), "speedup": ("speedup",)}
 def _get(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=5) as response:
         return json.loads(response.read())
-
-
-def _until(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if condition():
-                return
-        except OSError:
-            pass
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _fixed(value: float | None, digits: int) -> str:
@@ -99,7 +87,7 @@ def test_a_run_from_the_form_draws_its_curve_and_stages(triton_server, reference
         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     screenshot = tmp_path / "web-ui-hit-ratio-tab.png"
     try:
-        _until(lambda: _get(f"{base}/stats/requests")["state"] == "ready", 60, "the web UI")
+        wait_until(lambda: _get(f"{base}/stats/requests")["state"] == "ready", 60, "the web UI")
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
             try:
@@ -120,8 +108,8 @@ def test_a_run_from_the_form_draws_its_curve_and_stages(triton_server, reference
                 state = _get(f"{base}/stats/requests")["state"]
                 assert state in ("spawning", "running"), f"the charts appeared only once the run was {state}"
 
-                _until(lambda: _get(f"{base}/stats/requests")["state"] == "stopped", 120, "the sweep to end")
-                _until(lambda: (report_dir / "report.json").is_file(), 15, "report.json")
+                wait_until(lambda: _get(f"{base}/stats/requests")["state"] == "stopped", 120, "the sweep to end")
+                wait_until(lambda: (report_dir / "report.json").is_file(), 15, "report.json")
                 report = json.loads((report_dir / "report.json").read_text())
                 rows, points = expected_rows(report), expected_points(report)
                 assert sorted(rows) == ["b1_h0.00", "b1_h1.00", "b2_h0.00", "b2_h1.00"]

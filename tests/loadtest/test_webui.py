@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from hstu_replay.loadtest.records import read_records
-from tests.conftest import ROOT, free_ports, locust_command
+from tests.conftest import ROOT, free_ports, locust_command, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -30,18 +30,6 @@ def _post(url: str, form: dict) -> dict:
         return json.loads(response.read())
 
 
-def _until(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if condition():
-                return
-        except OSError:
-            pass
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_a_rerun_from_the_web_ui_starts_clean(triton_server, reference_dumps, tmp_path):
     (port,) = free_ports(1)
     base = f"http://127.0.0.1:{port}"
@@ -54,7 +42,7 @@ def test_a_rerun_from_the_web_ui_starts_clean(triton_server, reference_dumps, tm
                        "--web-paths-root", str(tmp_path)),  # the form may set paths below it
         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
-        _until(lambda: _get(f"{base}/stats/requests")["state"] == "ready", 60, "the web UI")
+        wait_until(lambda: _get(f"{base}/stats/requests")["state"] == "ready", 60, "the web UI")
         outside = tmp_path.parent / f"{tmp_path.name}-outside"
         reply = _post(f"{base}/swarm", {"user_count": 2, "spawn_rate": 2, "report_dir": str(outside)})
         assert not reply["success"] and "outside --web-paths-root" in reply["message"], reply
@@ -63,9 +51,9 @@ def test_a_rerun_from_the_web_ui_starts_clean(triton_server, reference_dumps, tm
         for run in ("first", "second"):
             reply = _post(f"{base}/swarm", {"user_count": 2, "spawn_rate": 2, "report_dir": str(tmp_path / run)})
             assert reply["success"], reply
-            _until(lambda: _get(f"{base}/stats/requests")["state"] == "running", 30, f"the {run} run to start")
-            _until(lambda: _get(f"{base}/stats/requests")["state"] == "stopped", 60, f"the {run} run to end")
-            _until(lambda: (tmp_path / run / "report.json").is_file(), 10, f"the {run} report")
+            wait_until(lambda: _get(f"{base}/stats/requests")["state"] == "running", 30, f"the {run} run to start")
+            wait_until(lambda: _get(f"{base}/stats/requests")["state"] == "stopped", 60, f"the {run} run to end")
+            wait_until(lambda: (tmp_path / run / "report.json").is_file(), 10, f"the {run} report")
         stats = _get(f"{base}/stats/requests")
         tab = stats["extended_stats"][0]["data"]
         assert [row["bin"] for row in tab] == ["b1_h0.00", "b1_h1.00"]
