@@ -28,7 +28,7 @@ trap 'kill -INT $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
 wait_until_serving "$OUT/server.log" $SERVER 60
 
 locust -f locustfiles/hstu.py --headless --only-summary -u 1 -r 1 \
-    --triton-url "127.0.0.1:$GRPC_PORT" --workload dumps --dump-dir "$OUT/dumps" \
+    --host "grpc://127.0.0.1:$GRPC_PORT" --workload dumps --dump-dir "$OUT/dumps" \
     --hit-ratios 0,0.25,0.5,0.75,0.9,1.0 --batch-sizes 8 --stage-seconds 6 --warmup-seconds 1 \
     --max-history 256 --max-values 40000 --report-dir "$OUT/report" --max-mismatches 0 \
     --loglevel WARNING

@@ -12,10 +12,3 @@ fi
 python -m pip install -q --upgrade pip
 python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0"
 python -m pip install -q -e ".[target,gpu,report,bench,test]"
-# A real browser for the web UI test (tests/loadtest/test_browser.py): Debian's chromium, driven
-# by Playwright (test extra) as the system browser; Playwright's own browser download is not used.
-if [ ! -x /usr/bin/chromium ]; then
-    SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
-    $SUDO apt-get update -q
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
-fi

@@ -3,5 +3,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# A real browser for the web UI test (tests/loadtest/test_browser.py): Debian's chromium, driven
+# by Playwright (test extra) as the system browser; Playwright's own browser download is not used.
+if [ ! -x /usr/bin/chromium ]; then
+    SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+    $SUDO apt-get update -q
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+fi
 . .venv/bin/activate
 python -m pytest -q "$@"
