@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from hstu_replay.loadtest.options import SECRETS
 from hstu_replay.report.summary import build_report, flagged_stages, format_table, latency_table
 from hstu_replay.report.thresholds import evaluate, verdict
 from hstu_replay.report.writers import write_reports
@@ -24,7 +25,7 @@ def run_metadata(environment) -> dict:
         "users": max(run.users, environment.runner.user_count if environment.runner else 0),
         "workers": runtime.worker_count, "role": runtime.role, "started": run.clock.started_epoch,
         "history_caps": run.prepared.history_caps(),
-        "options": {k: v for k, v in vars(c).items() if k != "triton_headers"},
+        "options": {k: v for k, v in vars(c).items() if k not in SECRETS},
     }
 
 
