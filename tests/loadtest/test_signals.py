@@ -16,7 +16,8 @@ import pytest
 from hstu_replay.loadtest.records import read_records
 from tests.conftest import ROOT, free_ports, locust_command
 from tests.loadtest.test_webaccess import interrupt
-from tests.loadtest.test_webui import _get, _post, _until
+from tests.conftest import wait_until
+from tests.loadtest.test_webui import _get, _post
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +53,7 @@ def test_ctrl_c_or_sigterm_ends_a_headless_run_with_its_report(signum, triton_se
     process = launch(tmp_path / "locust.log", "--headless", "-u", "2", "-r", "2", "--report-dir", str(report),
                      *sweep(triton_server, reference_dumps))
     try:
-        _until(lambda: measuring(report), 90, "measured requests")
+        wait_until(lambda: measuring(report), 90, "measured requests")
     finally:
         took = interrupt(process, signum=signum)
     print(f"headless mid-run: exit {took:.2f} s after {signal.Signals(signum).name} (code {process.returncode})")
@@ -67,9 +68,9 @@ def test_ctrl_c_ends_the_web_ui_during_a_run_from_the_form(triton_server, refere
     process = launch(tmp_path / "locust.log", "--web-port", str(port), "--report-dir", str(report),
                      *sweep(triton_server, reference_dumps))
     try:
-        _until(lambda: _get(f"{base}/stats/requests")["state"] == "ready", 60, "the web UI")
+        wait_until(lambda: _get(f"{base}/stats/requests")["state"] == "ready", 60, "the web UI")
         assert _post(f"{base}/swarm", {"user_count": 2, "spawn_rate": 2, "host": f"grpc://{triton_server.grpc_url}"})["success"]
-        _until(lambda: measuring(report), 90, "measured requests")
+        wait_until(lambda: measuring(report), 90, "measured requests")
     finally:
         took = interrupt(process)
     print(f"web UI mid-run: exit {took:.2f} s after SIGINT (code {process.returncode})")
@@ -86,7 +87,7 @@ def test_ctrl_c_ends_a_worker_and_then_its_master(triton_server, reference_dumps
     workers = [launch(tmp_path / f"worker{i}.log", "--worker", "--master-port", str(master_port), "--report-dir",
                       str(report)) for i in range(2)]
     try:
-        _until(lambda: measuring(report, 10), 120, "measured requests")
+        wait_until(lambda: measuring(report, 10), 120, "measured requests")
         worker_took = interrupt(workers[0])
         time.sleep(1)
         master_took = interrupt(master)
@@ -116,7 +117,7 @@ def test_ctrl_c_ends_a_master_still_waiting_for_its_workers(triton_server, refer
                     *sweep(triton_server, reference_dumps))
     worker = launch(tmp_path / "worker.log", "--worker", "--master-port", str(master_port))
     try:
-        _until(lambda: "1 of 2 connected" in log.read_text() or "Worker" in log.read_text(), 60, "a worker to connect")
+        wait_until(lambda: "1 of 2 connected" in log.read_text() or "Worker" in log.read_text(), 60, "a worker to connect")
         time.sleep(1)
         took = interrupt(master)
         began = time.monotonic()

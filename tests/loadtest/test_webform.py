@@ -16,7 +16,7 @@ from hstu_replay.errors import ConfigError
 from hstu_replay.loadtest.webform import FormPolicy, check_form
 from tests.conftest import LOCUSTFILE, ROOT, free_ports, locust_command
 from tests.loadtest.test_webaccess import interrupt
-from tests.loadtest.test_webui import _until
+from tests.conftest import wait_until
 
 HOST = "grpc://127.0.0.1:8001"
 
@@ -135,16 +135,16 @@ def test_a_secret_never_reaches_the_page_the_api_the_reports_or_the_log(triton_s
         return text
 
     try:
-        _until(lambda: json.loads(fetch("/stats/requests"))["state"] == "ready", 60, "the web UI")
+        wait_until(lambda: json.loads(fetch("/stats/requests"))["state"] == "ready", 60, "the web UI")
         fetch("/")
         refused = json.loads(fetch("/swarm", {"user_count": 1, "spawn_rate": 1, "triton_headers": "x=y"}))
         assert not refused["success"] and "secret" in refused["message"]
         assert json.loads(fetch("/swarm", {"user_count": 2, "spawn_rate": 2,
                                            "host": f"grpc://{triton_server.grpc_url}"}))["success"]
-        _until(lambda: json.loads(fetch("/stats/requests"))["state"] == "running", 30, "the run")
+        wait_until(lambda: json.loads(fetch("/stats/requests"))["state"] == "running", 30, "the run")
         fetch("/hstu/report.html")
-        _until(lambda: json.loads(fetch("/stats/requests"))["state"] == "stopped", 90, "the run's end")
-        _until(lambda: (report / "report.json").is_file(), 10, "the report")
+        wait_until(lambda: json.loads(fetch("/stats/requests"))["state"] == "stopped", 90, "the run's end")
+        wait_until(lambda: (report / "report.json").is_file(), 10, "the report")
         for path in ("/", "/stats/report", "/stats/requests/csv", "/stats/failures/csv", "/exceptions/csv", "/logs",
                      "/hstu/report.html"):
             fetch(path)
