@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hstu_replay.flow.server import port_free  # noqa: E402
 from hstu_replay.target.serve import free_ports  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,26 +95,12 @@ def assert_nothing_left(server: ServerHandle, timeout: float = 15.0) -> None:
         alive = [f"pid {pid}" for pid, start in (server.family or {}).items()
                  if (stat := _stat(pid)) is not None and stat[1] == start]
         ports = (server.http_port, server.grpc_port, server.metrics_port, server.cache_metrics_port)
-        return alive + [f"port {p}" for p in ports if not _port_free(p)]
+        return alive + [f"port {p}" for p in ports if not port_free(p)]
 
     deadline = time.monotonic() + timeout
     while (remaining := left()) and time.monotonic() < deadline:
         time.sleep(0.25)
     assert not remaining, f"left behind by the server: {remaining}"
-
-
-def _port_free(port: int) -> bool:
-    """Nothing listens on `port` (connections of the past in TIME_WAIT do not count: a server
-    binds with SO_REUSEADDR too)."""
-    import socket
-
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:

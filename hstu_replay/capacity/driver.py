@@ -117,9 +117,9 @@ def _fresh_dir(path: Path) -> Path:
     return path
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the step's process group (Locust then writes its report), SIGKILL after a grace."""
-    for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, KILL_GRACE_S)):
+def _stop(proc: subprocess.Popen, grace: float = KILL_GRACE_S) -> None:
+    """SIGTERM the process group (Locust then writes its report), SIGKILL after `grace` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,12 +23,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from hstu_replay.capacity.driver import LOCUSTFILE, _fresh_dir, _last_error, _wait, measurement_from_report
+from hstu_replay.capacity.driver import LOCUSTFILE, _fresh_dir, _last_error, _stop, _wait, measurement_from_report
 from hstu_replay.capacity.search import Measurement, Slo, judge
 from hstu_replay.errors import ConfigError, ServerError
 from hstu_replay.interface import Limits
 
 SERVE_READY = "hstu-replay: serving"
+SERVER_STOP_GRACE_S = 60.0  # a step's processes get this long after SIGTERM before SIGKILL
 SERVE_TIMEOUT_S = 180.0
 RESULT_JSON = "capacity_natural.json"
 
@@ -121,19 +121,6 @@ def locust_command(plan: NaturalPlan, grpc_url: str, budget: int, servers: int, 
     ]
 
 
-def _stop_group(proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def run_natural_step(plan: NaturalPlan, budget: int, servers: int) -> Measurement:
     """A fresh built-in target with `budget`, one natural replay of its share at its share of the rate."""
     from hstu_replay.target.serve import free_ports
@@ -163,10 +150,10 @@ def run_natural_step(plan: NaturalPlan, budget: int, servers: int) -> Measuremen
             try:
                 timed_out = _wait(proc, plan.warmup_seconds + plan.step_seconds + 120.0, None)
             except BaseException:
-                _stop_group(proc)
+                _stop(proc, SERVER_STOP_GRACE_S)
                 raise
     finally:
-        _stop_group(server)
+        _stop(server, SERVER_STOP_GRACE_S)
     if proc.returncode == 2 and not timed_out:
         raise ServerError(f"step b{budget}_s{servers}: Locust stopped: {_last_error(log)} (log: {log})")
     report = step_dir / "report.json"

@@ -22,10 +22,10 @@ from hstu_replay.cli import main
 from hstu_replay.dumps.archive import read_tensor_file
 from hstu_replay.dumps.reader import read_dump
 from hstu_replay.flow.l0 import MARKER, _hit_warnings
+from hstu_replay.flow.server import port_free
 from hstu_replay.reference import native
 from hstu_replay.target.serve import free_ports
 from hstu_replay.target.watchdog import _stat
-from tests.conftest import _port_free
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOW = [sys.executable, "-m", "hstu_replay.cli", "flow", "l0"]
@@ -45,7 +45,7 @@ def assert_torn_down(summary: dict, ports: list[int]) -> None:
     pids = summary["teardown"]["processes"]
     assert summary["server"]["pid"] in pids and len(pids) >= 3  # serve, tritonserver, watchdog at least
     assert [pid for pid in pids if _stat(pid) is not None] == []  # (a reused pid would show here too)
-    assert [port for port in ports if not _port_free(port)] == []
+    assert [port for port in ports if not port_free(port)] == []
     assert summary["teardown"]["clean"] is True and summary["teardown"]["left"] == []
 
 
@@ -181,7 +181,7 @@ def test_a_server_that_cannot_start_fails_at_once_with_its_own_error(tmp_path, c
     own = ports[1:] if fault == "port taken" else ports
     assert summary["teardown"]["ports"] == own
     assert [pid for pid in summary["teardown"]["processes"] if _stat(pid) is not None] == []
-    assert [port for port in ports if not _port_free(port)] == []
+    assert [port for port in ports if not port_free(port)] == []
 
 
 @pytest.mark.integration
@@ -211,7 +211,7 @@ def test_ctrl_c_tears_the_server_down(tmp_path, compiled_repository, moment):
     pids = summary["teardown"]["processes"]
     assert summary["server"]["pid"] in pids and [pid for pid in pids if _stat(pid) is not None] == []
     ports = list(summary["server"]["ports"].values())
-    assert [port for port in ports if not _port_free(port)] == [] and summary["teardown"]["clean"] is True
+    assert [port for port in ports if not port_free(port)] == [] and summary["teardown"]["clean"] is True
 
 
 @pytest.mark.parametrize("args, message", [
