@@ -100,14 +100,14 @@ def tensors(items: np.ndarray, rng: np.random.Generator) -> RequestTensors:
     return build_request(users)
 
 
-def step_shapes(target_ratio: float, count: int, seed: int) -> list[StepShape]:
+def step_shapes(goal_ratio: float, count: int, seed: int) -> list[StepShape]:
     rng = np.random.default_rng(seed)
     shapes = []
     for i in range(count):
         items = history_lengths(rng, BATCH)
         prime = None
-        if target_ratio > 0:  # the prime leaves the first target_ratio of each history cached
-            prime = tensors(np.maximum(np.rint(items * target_ratio).astype(np.int64), 1), rng)
+        if goal_ratio > 0:  # the prime leaves the first goal_ratio of each history cached
+            prime = tensors(np.maximum(np.rint(items * goal_ratio).astype(np.int64), 1), rng)
         label = "; ".join(f"batch_{i * BATCH + b:06d} user {b}" for b in range(BATCH))
         shapes.append(StepShape(tensors(items, rng), prime, label))
     return shapes
@@ -217,10 +217,10 @@ def prepared_run(config: LoadTestConfig, placement: Placement) -> PreparedRun:
     return PreparedRun(config, placement, ModelBinding(KVCACHE, reports_hits=True), schedule, None)
 
 
-def latencies(rng: np.random.Generator, target_ratio: float, chunk: int = 10_000) -> Iterator[tuple[float, float]]:
+def latencies(rng: np.random.Generator, goal_ratio: float, chunk: int = 10_000) -> Iterator[tuple[float, float]]:
     """Endless (latency s, open-loop lag s): a long-tailed server, faster the more is cached.
     Drawn a chunk at a time, so the bench's own memory does not grow with the run."""
-    median = 0.030 * (1.0 - 0.8 * target_ratio)
+    median = 0.030 * (1.0 - 0.8 * goal_ratio)
     while True:
         latency = rng.lognormal(np.log(median), 0.5, chunk) + rng.pareto(3.0, chunk) * 0.002
         yield from zip(latency.tolist(), rng.exponential(0.0005, chunk).tolist())
@@ -250,7 +250,7 @@ def accounting_run(config: LoadTestConfig, master: ActiveRun, requests: int, wor
                    users: int, progress) -> AccountingRun:
     runs = [ActiveRun(prepared_run(config, Placement("worker", w, workers))) for w in range(workers)]
     stages = master.prepared.schedule.stages
-    shapes = {s.key: step_shapes(s.key.target_ratio, SHAPES, seed=10 + s.index) for s in stages}
+    shapes = {s.key: step_shapes(s.key.goal_ratio, SHAPES, seed=10 + s.index) for s in stages}
     keys = [FreshKeys(start=(w + 1) << 40) for w in range(workers)]
     rng = np.random.default_rng(0)
     sent = [0] * workers
@@ -262,7 +262,7 @@ def accounting_run(config: LoadTestConfig, master: ActiveRun, requests: int, wor
         end = requests * (stage.index + 1) // len(stages)
         warmup_until = done + (end - done) // 10  # the stage's first tenth is its warm-up
         shape_list = shapes[stage.key]
-        timings = latencies(rng, stage.key.target_ratio)
+        timings = latencies(rng, stage.key.goal_ratio)
         while done < end:
             w = step % workers
             worker, shape = runs[w], shape_list[step % SHAPES]

@@ -20,11 +20,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hstu_replay.request import UserRequest, build_request  # noqa: E402
-from hstu_replay.target.batched import build_batched_engine  # noqa: E402
-from hstu_replay.target.config import get_config  # noqa: E402
-from hstu_replay.target.engine import RankingEngine  # noqa: E402
-from hstu_replay.target.kvcache import KVCache  # noqa: E402
-from hstu_replay.target.model import EagerCompute, build_model  # noqa: E402
+from hstu_replay.server.batched import build_batched_engine  # noqa: E402
+from hstu_replay.server.config import get_config  # noqa: E402
+from hstu_replay.server.engine import RankingEngine  # noqa: E402
+from hstu_replay.server.kvcache import KVCache  # noqa: E402
+from hstu_replay.server.model import EagerCompute, build_model  # noqa: E402
 from target_latency_bench import LIMITS  # noqa: E402  (this folder is on sys.path)
 
 TOLERANCE = {"float32": 1e-3, "bfloat16": 0.0625}  # the bf16 one: NVIDIA's dump tolerance

@@ -13,7 +13,7 @@ DEVICE=${DEVICE:-cuda} HISTORY=${HISTORY:-4096} CANDIDATES=${CANDIDATES:-100}
 mkdir -p "$OUT"
 $PY -m hstu_replay.cli data synth --out "$OUT/raw" --users 24 --seed 5 --scale 1.0 || exit 1
 $PY -m hstu_replay.cli data prepare "$OUT/raw" --out "$OUT/store" || exit 1
-$PY -m hstu_replay.cli target serve --engine batched --config "$CONFIG" --dtype bfloat16 --device "$DEVICE" \
+$PY -m hstu_replay.cli server serve --engine batched --config "$CONFIG" --dtype bfloat16 --device "$DEVICE" \
     --http-port 18000 --grpc-port 18001 --metrics-port 18002 --cache-metrics-port 18003 >"$OUT/server.log" 2>&1 &
 SERVER=$!
 trap 'kill -INT $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT

@@ -2,7 +2,7 @@
 # NVIDIA's benchmark protocol (`hstu-replay bench protocol`) against the batched target on a GPU,
 # 3 and 8 layers, each served by a real tritonserver on 127.0.0.1 (one server per config).
 #   bash bench/gpu_protocol.sh OUT_DIR [USERS] [RUNS]
-# ENGINE=aoti exports each config with AOTInductor first (`target export`) and serves the packages.
+# ENGINE=aoti exports each config with AOTInductor first (`server export`) and serves the packages.
 # (DEVICE=cpu DTYPE=float32 CONFIGS=small HISTORY=256 CANDIDATES=16 SCALE=0.05 bash bench/gpu_protocol.sh
 #  runs/x 32: the same on a CPU)
 # Synthetic KuaiRand-1K users (full scale), each user's latest 100 events ranked after up to 4096
@@ -27,15 +27,15 @@ for cfg in $CONFIGS; do
     REPO="$OUT/repository-$cfg"
     if [ "$ENGINE" = aoti ]; then
         start=$(date +%s)
-        timeout "$EXPORT_TIMEOUT" $PY -m hstu_replay.cli target export --repository "$REPO" --config "$cfg" \
+        timeout "$EXPORT_TIMEOUT" $PY -m hstu_replay.cli server export --repository "$REPO" --config "$cfg" \
             --device "$DEVICE" >"$OUT/export-$cfg.log" 2>&1
         code=$?
         echo "== export $cfg: exit $code after $(( $(date +%s) - start )) s"
         tail -5 "$OUT/export-$cfg.log"
         [ $code -eq 0 ] || continue
     fi
-    read -r H G M C < <($PY -c "from hstu_replay.target.serve import free_ports; print(*free_ports(4))")
-    $PY -m hstu_replay.cli target serve --engine "$ENGINE" --repository "$REPO" --config "$cfg" \
+    read -r H G M C < <($PY -c "from hstu_replay.server.serve import free_ports; print(*free_ports(4))")
+    $PY -m hstu_replay.cli server serve --engine "$ENGINE" --repository "$REPO" --config "$cfg" \
         $( [ "$ENGINE" = batched ] && echo --dtype "$DTYPE" ) --device "$DEVICE" \
         --http-port "$H" --grpc-port "$G" --metrics-port "$M" --cache-metrics-port "$C" >"$OUT/server-$cfg.log" 2>&1 &
     SERVER=$!

@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from hstu_replay.interface import ModelInterface  # noqa: E402
-from hstu_replay.target.serve import free_ports  # noqa: E402
+from hstu_replay.server.serve import free_ports  # noqa: E402
 
 BIN = Path(sys.executable).parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")

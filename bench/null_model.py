@@ -45,8 +45,8 @@ def serve(interface: ModelInterface, grpc_port: int, http_port: int, metrics_por
           tls=None, https_port: int = 0) -> None:
     """Host `interface`'s model (`instances` copies) answering zeros until SIGTERM; statistics stay open.
     With `tls` (TlsFiles) gRPC takes TLS only, and `https_port` serves HTTPS as the target does."""
-    from hstu_replay.target.serve import PROTECTED_ENDPOINTS, _python_backend_env
-    from hstu_replay.target.tls_proxy import TlsForwarder
+    from hstu_replay.server.serve import PROTECTED_ENDPOINTS, _python_backend_env
+    from hstu_replay.server.tls_proxy import TlsForwarder
 
     _python_backend_env()
     from pytriton.model_config import ModelConfig, Tensor
@@ -85,7 +85,7 @@ def main() -> int:
     parser.add_argument("--tls-key", help="its PEM private key")
     parser.add_argument("--https-port", type=int, default=0, help="HTTPS in front of the HTTP port (needs --tls-cert)")
     args = parser.parse_args()
-    from hstu_replay.target.tls_proxy import TlsFiles
+    from hstu_replay.server.tls_proxy import TlsFiles
 
     tls = TlsFiles(args.tls_cert, args.tls_key) if args.tls_cert else None
     serve(BY_MODEL[args.model], args.grpc, args.http, args.metrics, args.instances, tls, args.https_port)

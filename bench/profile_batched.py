@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine_agreement import users  # noqa: E402  (this folder is on sys.path)
 from target_latency_bench import LIMITS  # noqa: E402
 from hstu_replay.request import build_request  # noqa: E402
-from hstu_replay.target.batched import build_batched_engine  # noqa: E402
-from hstu_replay.target.config import get_config  # noqa: E402
-from hstu_replay.target.model import build_model  # noqa: E402
+from hstu_replay.server.batched import build_batched_engine  # noqa: E402
+from hstu_replay.server.config import get_config  # noqa: E402
+from hstu_replay.server.model import build_model  # noqa: E402
 
 
 def main() -> int:

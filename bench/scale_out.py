@@ -29,7 +29,7 @@ from harness import BIN, ROOT, Shape
 from hstu_replay.interface import KVCACHE
 from hstu_replay.loadtest.records import read_records
 from hstu_replay.stats.histogram import LatencyHistogram
-from hstu_replay.target.serve import free_ports
+from hstu_replay.server.serve import free_ports
 
 OUT = ROOT / "runs" / "scale-out"
 SHAPE = Shape(8, 2048, 16)

@@ -3,7 +3,7 @@
     python bench/target_contention.py                    # small config, batch 8, threads: auto and 2
     python bench/target_contention.py --threads 0,1,2 --repeats 40
 
-For each thread setting of `target serve` (0: its default policy), one server is started; the
+For each thread setting of `server serve` (0: its default policy), one server is started; the
 same cold requests (batch 8, fresh keys, no prime) are timed quietly, then again while one other
 process spins on a core, in the same invocation; the ratio of the two p50s is what the thread
 policy must keep low (goal: within 1.6x). The server and request harness are
@@ -47,14 +47,14 @@ def p50_cold(settings: harness.Settings, grpc_port: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repository", type=Path, default=harness.ROOT / "runs" / "model_repository")
-    parser.add_argument("--threads", default="0,2", help="target serve --threads values (0: its default)")
+    parser.add_argument("--threads", default="0,2", help="server serve --threads values (0: its default)")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--batch", type=int, default=8)
     args = parser.parse_args(argv)
     base = harness.Settings(args.repository, "aoti", "small", None, "cpu", history=256, candidates=32,
                             cache_budget_tokens=3_276_800, batches=[args.batch], repeats=args.repeats,
                             budget_s=120.0, threads=0, seed=0)
-    from hstu_replay.target.build import export_repository
+    from hstu_replay.server.build import export_repository
 
     export_repository(args.repository, "small", 0, "cpu")
     rows = []

@@ -11,7 +11,7 @@ is timed. Every repetition uses fresh keys, so each measurement is exactly at f;
 emptied after each repetition (untimed) so memory stays flat. Two modes:
 
 - in-process: `load_engines(...).cached.infer(tensors)` in this interpreter;
-- triton: a real `hstu-replay target serve` subprocess on 127.0.0.1 (free ports), driven by
+- triton: a real `hstu-replay server serve` subprocess on 127.0.0.1 (free ports), driven by
   `tritonclient.grpc` with one request in flight; the server's CACHED_TOKENS are checked.
 
 Fractions are interleaved within each repetition so slow drift (other load) hits them all alike.
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from hstu_replay.interface import KVCACHE, Limits, history_tokens  # noqa: E402
 from hstu_replay.plan.reuse import prime_items  # noqa: E402
 from hstu_replay.request import RequestTensors, UserRequest, build_request  # noqa: E402
-from hstu_replay.target.serve import free_ports  # noqa: E402
+from hstu_replay.server.serve import free_ports  # noqa: E402
 
 FRACTIONS = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
 WARMUP_REQUESTS = 3  # untimed full requests per batch size and mode
@@ -67,7 +67,7 @@ class Cell:
 
 @dataclass(frozen=True)
 class Server:
-    """A running `hstu-replay target serve` subprocess and where it listens."""
+    """A running `hstu-replay server serve` subprocess and where it listens."""
 
     process: subprocess.Popen
     grpc_port: int
@@ -178,7 +178,7 @@ def in_process_mode(settings: Settings) -> dict:
     """Measure the serving engine's `infer` in this interpreter."""
     import torch
 
-    from hstu_replay.target.build import ENGINE_KINDS
+    from hstu_replay.server.build import ENGINE_KINDS
 
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)
@@ -233,13 +233,13 @@ def triton_clear(client) -> None:
 
 
 def start_server(settings: Settings, extra: list[str] | None = None) -> Server:
-    """Start `hstu-replay target serve` (with `extra` arguments) on free ports; wait (bounded)
+    """Start `hstu-replay server serve` (with `extra` arguments) on free ports; wait (bounded)
     until it says it serves."""
     threads = settings.threads
     env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads > 0 else {}))
     http, grpc, metrics, cache_metrics = free_ports(4)
     log = Path(tempfile.mkstemp(prefix="target-latency-bench-", suffix=".log")[1])
-    command = [sys.executable, "-m", "hstu_replay.cli", "target", "serve", "--repository", str(settings.repository),
+    command = [sys.executable, "-m", "hstu_replay.cli", "server", "serve", "--repository", str(settings.repository),
                "--config", settings.config, "--engine", settings.engine, "--device", settings.device,
                "--cache-budget-tokens", str(settings.cache_budget_tokens),
                "--host", "127.0.0.1", "--http-port", str(http), "--grpc-port", str(grpc),
@@ -346,7 +346,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0,
                         help="torch/OpenMP threads of the model, in both modes (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--engine", default="aoti", choices=("aoti", "batched"), help="target serve --engine")
+    parser.add_argument("--engine", default="aoti", choices=("aoti", "batched"), help="server serve --engine")
     parser.add_argument("--config", default="small", help="model config")
     parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16"), help="--engine batched only")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -364,7 +364,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def model_config(settings: Settings):
-    from hstu_replay.target.config import get_config
+    from hstu_replay.server.config import get_config
 
     return get_config(settings.config, settings.dtype)
 

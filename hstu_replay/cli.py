@@ -18,12 +18,12 @@ from hstu_replay.errors import HstuReplayError
 COMMAND_GROUPS: dict[str, str] = {
     "data": "hstu_replay.data.cli",
     "dump": "hstu_replay.dumps.cli",
-    "target": "hstu_replay.target.cli",
-    "reference": "hstu_replay.reference.cli",
+    "server": "hstu_replay.server.cli",
+    "native": "hstu_replay.native.cli",
     "plan": "hstu_replay.plan.cli",
     "capacity": "hstu_replay.capacity.cli",
     "flow": "hstu_replay.flow.cli",
-    "bench": "hstu_replay.protocol.cli",
+    "bench": "hstu_replay.benchmark.cli",
 }
 
 

@@ -18,10 +18,10 @@ mkdir -p "$OUT"
 hstu-replay data synth --out "$OUT/raw" --users 16 --seed 5 --scale 0.1
 hstu-replay data prepare "$OUT/raw" --out "$OUT/store"
 hstu-replay data inspect "$OUT/store" | head -4
-hstu-replay target dump --repository "$REPO" --store "$OUT/store" --out "$OUT/dumps" \
+hstu-replay server dump --repository "$REPO" --store "$OUT/store" --out "$OUT/dumps" \
     --batches 24 --batch-size 8 --candidates 16 --min-history 200
 
-hstu-replay target serve --repository "$REPO" --http-port "$HTTP_PORT" --grpc-port "$GRPC_PORT" \
+hstu-replay server serve --repository "$REPO" --http-port "$HTTP_PORT" --grpc-port "$GRPC_PORT" \
     --metrics-port "$METRICS_PORT" --cache-metrics-port "$CACHE_METRICS_PORT" >"$OUT/server.log" 2>&1 &
 SERVER=$!
 trap 'kill -INT $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT

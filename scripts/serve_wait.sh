@@ -1,4 +1,4 @@
-# Sourced by scripts that start `hstu-replay target serve` in the background.
+# Sourced by scripts that start `hstu-replay server serve` in the background.
 # wait_until_serving LOG PID SECONDS: returns once the server says it serves; exits the calling
 # script (printing the log's tail) if the server dies or is not ready within SECONDS.
 wait_until_serving() {

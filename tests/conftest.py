@@ -1,7 +1,7 @@
 """Shared fixtures: one compiled small target, one real tritonserver on loopback per test session.
 
 Integration tests (marked `integration`) use the real server started here through
-`hstu-replay target serve`, and real Locust processes through `run_locust`.
+`hstu-replay server serve`, and real Locust processes through `run_locust`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from hstu_replay.flow.server import port_free  # noqa: E402
-from hstu_replay.target.serve import free_ports  # noqa: E402
+from hstu_replay.server.serve import free_ports  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "datasets" / "sample"
@@ -56,7 +56,7 @@ def start_server(repository: Path, log: Path, *extra: str, ready_timeout: float 
     http, grpc, metrics, cache_metrics = ports or free_ports(4)
     out = log.open("w")
     process = subprocess.Popen(
-        [str(BIN / "hstu-replay"), "target", "serve", "--repository", str(repository), "--device", "cpu",
+        [str(BIN / "hstu-replay"), "server", "serve", "--repository", str(repository), "--device", "cpu",
          "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
          "--cache-metrics-port", str(cache_metrics), *extra],
         stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
@@ -64,7 +64,7 @@ def start_server(repository: Path, log: Path, *extra: str, ready_timeout: float 
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline:
         if "hstu-replay: serving" in log.read_text(errors="replace"):
-            from hstu_replay.target.watchdog import descendants
+            from hstu_replay.server.watchdog import descendants
 
             return ServerHandle(process, http, grpc, metrics, cache_metrics, log, descendants(process.pid))
         if process.poll() is not None:
@@ -89,7 +89,7 @@ def stop_server(server: ServerHandle, timeout: float = 60.0) -> int:
 
 def assert_nothing_left(server: ServerHandle, timeout: float = 15.0) -> None:
     """No process the server started (tritonserver, backend stubs) and none of its ports outlives it."""
-    from hstu_replay.target.watchdog import _stat
+    from hstu_replay.server.watchdog import _stat
 
     def left() -> list[str]:
         alive = [f"pid {pid}" for pid, start in (server.family or {}).items()
@@ -128,7 +128,7 @@ def sample_store(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def compiled_repository(tmp_path_factory) -> Path:
     """The small config compiled with AOTInductor once per test session."""
-    from hstu_replay.target.build import export_repository
+    from hstu_replay.server.build import export_repository
 
     root = tmp_path_factory.mktemp("repository")
     export_repository(root, "small", seed=0, device="cpu")
@@ -163,8 +163,8 @@ def full_length_store(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def reference_dumps(compiled_repository, long_store, tmp_path_factory) -> Path:
     """Cold-cache reference dumps: batches of 8 users with 200..256 history items each."""
-    from hstu_replay.target.build import load_engines
-    from hstu_replay.target.dump import write_reference_dumps
+    from hstu_replay.server.build import load_engines
+    from hstu_replay.server.dump import write_reference_dumps
 
     out = tmp_path_factory.mktemp("dumps")
     engines = load_engines(compiled_repository, None, 32, "cpu")

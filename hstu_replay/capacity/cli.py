@@ -84,7 +84,7 @@ def add_commands(groups) -> None:
     opt("--candidates", default="16", help="candidates per visit, at most (default %(default)s)")
     opt("--max-history", default="256", help="longest history in items (default %(default)s)")
     opt("--page-tokens", default="32", help="KV-cache page size in tokens (default %(default)s)")
-    opt("--serve-args", default="", help='more `target serve` arguments, e.g. --serve-args="--threads 1"')
+    opt("--serve-args", default="", help='more `server serve` arguments, e.g. --serve-args="--threads 1"')
     opt("--out", default="runs/capacity-natural", help="output directory (default %(default)s)")
     natural.set_defaults(func=_natural)
 
@@ -180,7 +180,7 @@ def _failure_line(data: dict) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from hstu_replay.capacity.driver import LOCUSTFILE, check_endpoints, run_capacity
-    from hstu_replay.capacity.report import capacity_dict, format_summary, step_line, write_capacity
+    from hstu_replay.report.capacity import capacity_dict, format_summary, step_line, write_capacity
 
     plan = plan_from_args(args)
     if not LOCUSTFILE.is_file():

@@ -35,7 +35,7 @@ GAUGES: dict[str, str] = {
     "gpu_utilization": "nv_gpu_utilization",
     "cpu_utilization": "nv_cpu_utilization",
 }
-#: our target's KV-cache counters (`target serve --cache-metrics-port`)
+#: our target's KV-cache counters (`server serve --cache-metrics-port`)
 CACHE_COUNTERS: dict[str, str] = {
     "hit_tokens": "hstu_kvcache_hit_tokens_total",
     "computed_tokens": "hstu_kvcache_computed_tokens_total",

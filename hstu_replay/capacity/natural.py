@@ -123,14 +123,14 @@ def locust_command(plan: NaturalPlan, grpc_url: str, budget: int, servers: int, 
 
 def run_natural_step(plan: NaturalPlan, budget: int, servers: int) -> Measurement:
     """A fresh built-in target with `budget`, one natural replay of its share at its share of the rate."""
-    from hstu_replay.target.serve import free_ports
+    from hstu_replay.server.serve import free_ports
 
     step_dir = _fresh_dir(plan.out_dir / "steps" / f"b{budget}_s{servers}")
     http, grpc, metrics, cache_metrics = free_ports(4)
     server_log = step_dir / "server.log"
     with server_log.open("w") as out:
         server = subprocess.Popen(
-            [sys.executable, "-m", "hstu_replay.cli", "target", "serve", "--repository", plan.repository,
+            [sys.executable, "-m", "hstu_replay.cli", "server", "serve", "--repository", plan.repository,
              "--host", "127.0.0.1", "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
              "--cache-metrics-port", str(cache_metrics), "--cache-budget-tokens", str(budget),
              "--page-tokens", str(plan.page_tokens), *plan.serve_args],

@@ -40,7 +40,7 @@ def add_commands(groups: Any) -> None:
 
 def _l0(args: argparse.Namespace) -> int:
     from hstu_replay.flow.l0 import L0Options, run_l0, summary_line
-    from hstu_replay.target.cli import _device
+    from hstu_replay.server.cli import _device
 
     options = L0Options(
         out=Path(args.out), config=args.config, store=Path(args.store) if args.store else None,

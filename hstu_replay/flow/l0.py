@@ -106,7 +106,7 @@ class FlowFailed(HstuReplayError):
 
 def check_options(options: L0Options) -> None:
     """Everything that makes bad input, before anything is written (ConfigError, exit 2)."""
-    from hstu_replay.target.config import get_config
+    from hstu_replay.server.config import get_config
 
     config = get_config(options.config)
     if options.batches < 2:
@@ -151,7 +151,7 @@ def _check_out(out: Path) -> None:
 
 
 def _check_export_from(options: L0Options) -> None:
-    from hstu_replay.target.repository import RepositoryLayout, read_meta
+    from hstu_replay.server.repository import RepositoryLayout, read_meta
 
     layout = RepositoryLayout(options.export_from)
     if not layout.is_complete():
@@ -232,8 +232,8 @@ def _step(record: FlowRecord, name: str) -> Iterator[None]:
 
 def _prepare(options: L0Options, layout: Layout, record: FlowRecord) -> None:
     from hstu_replay.interface import NOCACHE
-    from hstu_replay.reference import native
-    from hstu_replay.target.repository import RepositoryLayout
+    import hstu_replay.native.replay as native
+    from hstu_replay.server.repository import RepositoryLayout
 
     with _step(record, "build"):
         native.build()
@@ -242,7 +242,7 @@ def _prepare(options: L0Options, layout: Layout, record: FlowRecord) -> None:
             shutil.copytree(options.export_from, layout.repository)
             record.facts["export"] = {"copied_from": str(options.export_from)}
         else:
-            from hstu_replay.target.build import export_repository
+            from hstu_replay.server.build import export_repository
 
             meta = export_repository(layout.repository, options.config, options.seed, options.device, force=True)
             record.facts["export"] = {"compile_seconds": meta.compile_seconds, "torch": meta.torch_version}
@@ -250,8 +250,8 @@ def _prepare(options: L0Options, layout: Layout, record: FlowRecord) -> None:
         store = options.store or _synthetic_store(layout, options.dump_seed)
         record.facts["store"] = str(store)
     with _step(record, "dump"):
-        from hstu_replay.target.config import get_config
-        from hstu_replay.target.dump import draw_requests, write_dump_inputs
+        from hstu_replay.server.config import get_config
+        from hstu_replay.server.dump import draw_requests, write_dump_inputs
 
         requests = draw_requests(get_config(options.config), store, options.batches, options.batch_size,
                                  options.candidates, options.max_history, options.dump_seed)
@@ -273,7 +273,7 @@ def _synthetic_store(layout: Layout, seed: int) -> Path:
 
 def _server(options: L0Options, layout: Layout) -> ServerProcess:
     """The server process, not started yet."""
-    from hstu_replay.target.serve import free_ports
+    from hstu_replay.server.serve import free_ports
 
     ports = options.ports or Ports(*free_ports(4))
     return ServerProcess.of_target(layout.repository, layout.logs / "server.log", ports, "--config", options.config,

@@ -1,4 +1,4 @@
-"""`hstu-replay target serve` as a child process: started on loopback ports with its output in a
+"""`hstu-replay server serve` as a child process: started on loopback ports with its output in a
 log, ready when its model answers ready, stopped with everything it started.
 
 A server that dies while starting is reported with its own error line from that log (and the
@@ -20,7 +20,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from hstu_replay.target.watchdog import _stat, descendants, kill_noted
+from hstu_replay.server.watchdog import _stat, descendants, kill_noted
 
 HOST = "127.0.0.1"
 STOP_GRACE_S = 60.0
@@ -82,7 +82,7 @@ def server_error_line(log_text: str) -> str:
 
 
 class ServerProcess:
-    """One `target serve` child. Made first, started by `start()`, so that whoever holds it can
+    """One `server serve` child. Made first, started by `start()`, so that whoever holds it can
     always `stop()` it (safe at any point, more than once, started or not)."""
 
     def __init__(self, command: list[str], log: Path, ports: Ports):
@@ -94,7 +94,7 @@ class ServerProcess:
 
     @classmethod
     def of_target(cls, repository: Path, log: Path, ports: Ports, *extra: str) -> ServerProcess:
-        command = [sys.executable, "-m", "hstu_replay.cli", "target", "serve", "--repository", str(repository),
+        command = [sys.executable, "-m", "hstu_replay.cli", "server", "serve", "--repository", str(repository),
                    "--host", HOST, "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
                    "--metrics-port", str(ports.metrics), "--cache-metrics-port", str(ports.cache_metrics), *extra]
         return cls(command, log, ports)

@@ -106,7 +106,7 @@ def _start_sweep(environment) -> None:
 def _address_in_host(environment, config: LoadTestConfig) -> None:
     """The target address lives in Locust's host (the web form's Host field, sent to workers),
     as a URL whose scheme says protocol and TLS; --triton-url and its companions are folded in."""
-    environment.host = environment.parsed_options.host = config.target
+    environment.host = environment.parsed_options.host = config.address_url
     options = environment.parsed_options
     options.triton_url, options.triton_protocol, options.triton_ssl = "", "grpc", False
 

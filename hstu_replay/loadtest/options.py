@@ -27,7 +27,7 @@ def _opt(flag: str, default, help_text: str, secret: bool = False, arg_default=N
 # What the web form may change. Paths only below --web-paths-root, the target address only with
 # --web-edit-target, secrets never (they are not sent to the page nor taken from a form).
 PATH_OPTIONS = ("triton_root_cert", "store", "dump_dir", "report_dir")
-TARGET_OPTIONS = ("triton_url", "triton_protocol", "triton_ssl")
+ADDRESS_OPTIONS = ("triton_url", "triton_protocol", "triton_ssl")
 
 # Option groups, in the order the web form lists them (each help text starts with its group);
 # an option listed in none is in DEFAULT_GROUP.
@@ -61,7 +61,7 @@ class LoadTestConfig:
     workload: str = _opt("--workload", "sessions", "sessions (replay a prepared store), dumps (NVIDIA dump dir) "
                          "or timeline (natural replay of a store in the log's time order)")
     store: str = _opt("--store", "", "Prepared KuaiRand store (hstu-replay data prepare)")
-    dump_dir: str = _opt("--dump-dir", "", "NVIDIA-format dump directory (hstu-replay target dump)")
+    dump_dir: str = _opt("--dump-dir", "", "NVIDIA-format dump directory (hstu-replay server dump)")
     hit_ratios: str = _opt("--hit-ratios", "0,0.5,1.0", "Target KV-cache hit ratios, one stage each")
     batch_sizes: str = _opt("--batch-sizes", "1", "Users per request (1..8), one sweep each")
     arrival: str = _opt("--arrival", "closed", "closed (back to back), constant or poisson (open loop)")
@@ -182,7 +182,7 @@ class LoadTestConfig:
                                 self.max_p99_ms, self.min_speedup)
 
     @property
-    def target(self) -> str:
+    def address_url(self) -> str:
         """The Triton address as a URL (what Locust's Host field shows)."""
         scheme = {("grpc", False): "grpc", ("grpc", True): "grpcs", ("http", False): "http", ("http", True): "https"}
         return f"{scheme[self.triton_protocol, self.triton_ssl]}://{self.triton_url}"
@@ -264,7 +264,7 @@ def register_arguments(parser) -> None:
         group = parser.add_argument_group(f"hstu-replay: {title.lower()}")
         for f in members:
             env = "LOCUST_" + f.metadata["flag"][2:].upper().replace("-", "_")
-            web = not f.metadata["secret"] and f.name not in TARGET_OPTIONS
+            web = not f.metadata["secret"] and f.name not in ADDRESS_OPTIONS
             kwargs = {"default": f.metadata["arg_default"], "help": f"{title.split(' (')[0]}: {f.metadata['help']}",
                       "env_var": env}
             if isinstance(f.default, bool):

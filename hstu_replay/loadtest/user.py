@@ -75,7 +75,7 @@ class HstuUser(User):
             self.epoch = run.availability.epoch
         key = position.stage.key
         try:
-            step = self.source.next_step(key.target_ratio if run.prepared.caches else 0.0, key.batch_size)
+            step = self.source.next_step(key.goal_ratio if run.prepared.caches else 0.0, key.batch_size)
         except HstuReplayError as exc:  # counted, said once, and no tight loop
             run.stats.count_error(f"planning: {exc}")
             run.say_once(f"a step could not be planned: {exc}")

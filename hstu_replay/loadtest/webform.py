@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from hstu_replay.errors import ConfigError
-from hstu_replay.loadtest.options import PATH_OPTIONS, SECRETS, TARGET_OPTIONS, LoadTestConfig
+from hstu_replay.loadtest.options import PATH_OPTIONS, SECRETS, ADDRESS_OPTIONS, LoadTestConfig
 
 LOCUST_FIELDS = frozenset({"user_count", "spawn_rate", "host", "run_time", "user_classes", "shape_class", "profile"})
 OPTION_FIELDS = frozenset(f.name for f in fields(LoadTestConfig))
@@ -81,7 +81,7 @@ def check_form(form, options, host: str | None, policy: FormPolicy, secrets: dic
         if key in SECRETS:
             raise ConfigError(f"{key} is secret: give it on each process's command line or environment, "
                               "not in the web form")
-        if key in TARGET_OPTIONS:
+        if key in ADDRESS_OPTIONS:
             raise ConfigError(f"{key}: the target address is the Host field")
         if key not in OPTION_FIELDS:
             raise ConfigError(f"{key}: not an option the web form may set")

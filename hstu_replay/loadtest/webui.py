@@ -15,7 +15,7 @@ from pathlib import Path
 from flask import Response, request
 
 from hstu_replay.report.html import source_label
-from hstu_replay.report.summary import target_name
+from hstu_replay.report.summary import goal_name
 
 TAB_KEY = "hstu-hit-ratio"
 TAB_TITLE = "KV-cache hit ratio"
@@ -43,7 +43,7 @@ def _fmt(x: float | None, spec: str = ".2f") -> str:
 def rows(report: dict) -> list[dict]:
     """One row per stage: its bin's figures beside its target, provenance and flags."""
     reasons = {s["name"]: "; ".join(f"{f['flag']}: {f['reason']}" for f in s["flags"]) for s in report["stages"]}
-    return [{"bin": b["name"], "safe_name": b["name"], "batch": b["batch_size"], "target": target_name(b["target_ratio"]),
+    return [{"bin": b["name"], "safe_name": b["name"], "batch": b["batch_size"], "target": goal_name(b["target_ratio"]),
              "achieved": _fmt(b["achieved_ratio"], ".3f"), "source": source_label(b["hit_source"]),
              "requests": b["requests"], "primes": b["prime_requests"], "rps": _fmt(b["throughput_rps"], ".1f"),
              "server_rps": _fmt(b["server_rps"], ".1f"), "mean": _fmt(b["mean_ms"]), "p50": _fmt(b["p50_ms"]),

@@ -116,7 +116,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _cache_curve(args: argparse.Namespace) -> int:
-    from hstu_replay.plan.curve_report import CurveOptions, curve_json, store_curve, write_curve
+    from hstu_replay.report.curve import CurveOptions, curve_json, store_curve, write_curve
 
     limits = Limits(max_history=args.max_history, max_values=args.max_values)
     for name, value, low, high in (("--batch-size", args.batch_size, 1, limits.max_batch),

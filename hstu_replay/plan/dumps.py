@@ -106,7 +106,7 @@ class DumpSource:
             prime=build_request(primes, self.limits) if primes else None,
             reference=None if any(r is None for r in references) else np.concatenate(references),
             label="; ".join(self.pool[i].label for i in chosen),
-            target_ratio=target,
+            goal_ratio=target,
             handles=tuple(handles),
         )
 

@@ -72,7 +72,7 @@ class SessionSource:
             expected_hits=tuple(hits),
             prime=build_request(primes, self.limits) if primes else None,
             label="; ".join(labels),
-            target_ratio=target,
+            goal_ratio=target,
             handles=slots,
         )
 

@@ -18,6 +18,6 @@ class PlannedStep:
     prime: RequestTensors | None = None
     reference: np.ndarray | None = None  # expected logits [sum(num_candidates), 8]
     label: str = ""  # names the request in failures: dump batch or user/visit
-    target_ratio: float = 0.0
+    goal_ratio: float = 0.0
     handles: tuple = ()  # the source's own bookkeeping for `settle` (slots, dump entries)
     send_at_s: float | None = None  # natural replay: when it goes, in seconds after the sweep's start

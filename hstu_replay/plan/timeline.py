@@ -191,7 +191,7 @@ class TimelineSource:
             tl.release(int(t.users[i]) for i in visits)
             raise
         return PlannedStep(request=request, expected_hits=tuple(hits), label="; ".join(labels),
-                           target_ratio=target, handles=(r,), send_at_s=tl.send_at_s(r))
+                           goal_ratio=target, handles=(r,), send_at_s=tl.send_at_s(r))
 
     def settle(self, step: PlannedStep, ok: bool) -> list[int]:
         """A failed request leaves its users' server state unknown: they get fresh keys."""

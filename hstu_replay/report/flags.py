@@ -47,10 +47,10 @@ def stage_flags(key: BinKey, s: BinStats, rules: StageRules) -> list[dict]:
         flags.append(("thin", f"{s.requests} measured requests < {rules.min_requests}"))
     if s.requests and s.logical_requests:
         tolerance = ratio_tolerance(s.history_tokens / s.logical_requests, rules.page_tokens)
-        miss = abs(s.achieved_ratio - key.target_ratio)
+        miss = abs(s.achieved_ratio - key.goal_ratio)
         if miss > tolerance:
             flags.append(("off-target", f"achieved hit ratio {s.achieved_ratio:.3f} ({s.hit_source}) is "
-                                        f"{miss:.3f} from its target {key.target_ratio:g} (tolerance {tolerance:.3f})"))
+                                        f"{miss:.3f} from its target {key.goal_ratio:g} (tolerance {tolerance:.3f})"))
     lag_p99 = s.loop_lag.percentile_ms(99)
     if s.client_cpu_peak >= rules.client_cpu_bound:
         flags.append(("client-bound", f"a load-generator process used {s.client_cpu_peak:.0%} of a core "

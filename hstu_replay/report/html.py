@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from hstu_replay.report.flags import FLAG_MEANINGS
-from hstu_replay.report.summary import NO_VALUE, latency_table, target_name
+from hstu_replay.report.summary import NO_VALUE, latency_table, goal_name
 from hstu_replay.report.svg import charts
 
 CSS = """
@@ -171,7 +171,7 @@ def _stages(stages: list[dict]) -> str:
     header = ["stage", "batch", "target", "expected", "predicted", "observed", "achieved",
               "achieved from", "hit disagreements", "requests", "mean ms", "ms per logical request",
               "p50 95% CI ms", "p99 95% CI ms", "client CPU peak", "loop lag p99 ms", "flags"]
-    rows = ([s["name"], s["batch_size"], target_name(s["target_ratio"]),
+    rows = ([s["name"], s["batch_size"], goal_name(s["target_ratio"]),
              *(NO_VALUE if s[k] is None else f"{s[k]:.3f}"
                for k in ("expected_ratio", "predicted_ratio", "observed_ratio", "achieved_ratio")),
              source_label(s["hit_source"]), s["hit_disagreements"], s["requests"],

@@ -69,7 +69,7 @@ def _stage(key: BinKey, s: BinStats, rules: StageRules) -> dict:
         "name": key.name(),
         "flags": stage_flags(key, s, rules),
         "batch_size": key.batch_size,
-        "target_ratio": key.target_ratio,
+        "target_ratio": key.goal_ratio,
         "achieved_ratio": s.achieved_ratio,
         "hit_source": s.hit_source,
         "mean_history_tokens": _ratio(s.history_tokens, s.logical_requests),
@@ -101,7 +101,7 @@ def _bin(key: BinKey, s: BinStats, baseline_ms: float | None, server: dict | Non
     return {
         "name": key.name(),
         "batch_size": key.batch_size,
-        "target_ratio": key.target_ratio,
+        "target_ratio": key.goal_ratio,
         "achieved_ratio": s.achieved_ratio,
         "hit_source": s.hit_source,
         "requests": s.requests,
@@ -161,7 +161,7 @@ def build_report(
     """
     server = server or {}
     items = sorted(stats.bins.items())
-    baselines = {k.batch_size: s.latency.mean_ms for k, s in items if k.target_ratio == 0.0}
+    baselines = {k.batch_size: s.latency.mean_ms for k, s in items if k.goal_ratio == 0.0}
     when = (created or datetime.now(timezone.utc)).astimezone(timezone.utc)
     report = {
         "tool": "hstu-replay",
@@ -203,7 +203,7 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return NO_VALUE if value is None else f"{value:{spec}}{suffix}"
 
 
-def target_name(ratio: float | None) -> str:
+def goal_name(ratio: float | None) -> str:
     """A stage's target ratio as shown; a natural replay's (NaN, null in JSON) has none."""
     return "natural" if ratio is None or math.isnan(ratio) else f"{ratio:g}"
 
@@ -214,7 +214,7 @@ def latency_table(report: dict) -> list[list[str]]:
     for b in report["bins"]:
         rows.append([
             str(b["batch_size"]),
-            target_name(b["target_ratio"]),
+            goal_name(b["target_ratio"]),
             _fmt(b["achieved_ratio"], ".3f"),
             SOURCE_MARK[b["hit_source"]],
             str(b["requests"]),

@@ -109,7 +109,7 @@ class Accountant:
         outcome = sent.outcome
         record = {
             "t": time.time() - outcome.latency_s, "latency_ms": outcome.latency_s * 1e3, "kind": sent.kind,
-            "stage": sent.stage.name(), "batch": sent.request.batch_size, "target": sent.stage.target_ratio,
+            "stage": sent.stage.name(), "batch": sent.request.batch_size, "target": sent.stage.goal_ratio,
             "tokens": tokens, "keys": sent.request.user_ids.tolist(),
             "expected_hits": sum(sent.expected_hits), "predicted_hits": sum(sent.predicted_hits),
             "observed_hits": None if outcome.cached_tokens is None else int(outcome.cached_tokens.sum()),

@@ -25,12 +25,12 @@ def ratio_name(ratio: float) -> str:
 @dataclass(frozen=True, order=True)
 class BinKey:
     batch_size: int
-    target_ratio: float
+    goal_ratio: float
 
     def name(self) -> str:
-        if math.isnan(self.target_ratio):  # natural replay: no target, the ratio emerges
+        if math.isnan(self.goal_ratio):  # natural replay: no target, the ratio emerges
             return f"b{self.batch_size}_natural"
-        return f"b{self.batch_size}_h{ratio_name(self.target_ratio)}"
+        return f"b{self.batch_size}_h{ratio_name(self.goal_ratio)}"
 
 
 @dataclass
@@ -157,7 +157,7 @@ class RunStats:
 
     def to_dict(self) -> dict:
         return {
-            "bins": [[k.batch_size, k.target_ratio, v.to_dict()] for k, v in sorted(self.bins.items())],
+            "bins": [[k.batch_size, k.goal_ratio, v.to_dict()] for k, v in sorted(self.bins.items())],
             "warmup_requests": self.warmup_requests,
             "errors": dict(self.errors),
         }

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hstu_replay.capacity import report as capacity_report
+from hstu_replay.report import capacity as capacity_report
 from hstu_replay.capacity.cli import plan_from_args
 from hstu_replay.capacity.driver import LOAD_KINDS, CapacityPlan, locust_command, measurement_from_report, run_capacity
 from hstu_replay.capacity.search import Measurement, Slo

@@ -23,9 +23,9 @@ from hstu_replay.dumps.archive import read_tensor_file
 from hstu_replay.dumps.reader import read_dump
 from hstu_replay.flow.l0 import MARKER, _hit_warnings
 from hstu_replay.flow.server import port_free
-from hstu_replay.reference import native
-from hstu_replay.target.serve import free_ports
-from hstu_replay.target.watchdog import _stat
+import hstu_replay.native.replay as native
+from hstu_replay.server.serve import free_ports
+from hstu_replay.server.watchdog import _stat
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOW = [sys.executable, "-m", "hstu_replay.cli", "flow", "l0"]
@@ -79,7 +79,7 @@ def test_flow_l0_end_to_end_on_the_small_config(tmp_path, compiled_repository):
         assert any(n.endswith("/code/__torch__.py") for n in names), names
         assert not any("hstu_replay" in n for n in names), names
     from hstu_replay.request import RequestTensors
-    from hstu_replay.target.build import load_engines
+    from hstu_replay.server.build import load_engines
 
     uncached = load_engines(compiled_repository, None, 32, "cpu").uncached  # a separate export, same seed
     for batch in batches:

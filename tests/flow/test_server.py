@@ -1,4 +1,4 @@
-"""Which line of a server log says why it failed (logs as tritonserver and `target serve` write them)."""
+"""Which line of a server log says why it failed (logs as tritonserver and `server serve` write them)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ def test_server_killed_and_restarted_mid_run(compiled_repository, sample_store, 
     restarted = None
     try:
         time.sleep(7)
-        # tritonserver itself dies (no clean shutdown: the cache is gone); `target serve` notices and exits
+        # tritonserver itself dies (no clean shutdown: the cache is gone); `server serve` notices and exits
         subprocess.run(["pkill", "-9", "-f", f"tritonserver .*--grpc-port {ports[1]} "], check=True)
         assert server.process.wait(60) != 0
         assert "tritonserver exited unexpectedly" in (tmp_path / "server1.log").read_text()

@@ -45,8 +45,8 @@ def test_the_config_takes_the_host_and_shows_it_as_a_url(tmp_path):
     parsed = argparse.Namespace(workload="dumps", dump_dir=str(tmp_path), triton_url="")
     config = LoadTestConfig.from_options(parsed, host="https://triton.example:8443")
     assert (config.triton_url, config.triton_protocol, config.triton_ssl) == ("triton.example:8443", "http", True)
-    assert config.target == "https://triton.example:8443"
-    assert LoadTestConfig.from_options(parsed).target == "grpc://127.0.0.1:8001"
+    assert config.address_url == "https://triton.example:8443"
+    assert LoadTestConfig.from_options(parsed).address_url == "grpc://127.0.0.1:8001"
 
 
 def test_secrets_leave_the_options_and_reach_only_the_config(tmp_path):

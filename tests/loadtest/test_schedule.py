@@ -13,7 +13,7 @@ def test_stages_follow_the_time_since_the_sweep_started():
     first = clock.position(t0 + 0.5)
     assert first.stage.index == 0 and first.warming_up
     assert not clock.position(t0 + 1.5).warming_up
-    assert clock.position(t0 + 5.5).stage.key.target_ratio == 1.0
+    assert clock.position(t0 + 5.5).stage.key.goal_ratio == 1.0
     assert clock.position(t0 + 19.0).stage.key.batch_size == 8
     assert clock.position(t0 + 20.0) is None
 

@@ -57,7 +57,7 @@ def run_process(index: int, tmp_path, sizes: tuple[int, int]) -> list[RunStats]:
     acc = Accountant(stats, writer, worker_index=index)
     reports = []
     for stage, n, median in zip(STAGES, sizes, (0.004, 0.0015)):
-        values = latencies(100 * index + stage.batch_size + int(stage.target_ratio * 10), n, median)
+        values = latencies(100 * index + stage.batch_size + int(stage.goal_ratio * 10), n, median)
         values += TIES_S if index == 1 else ()
         file(acc, "warmup", stage, 0.5)  # warm-up, primes and failures are not measured latencies
         file(acc, "prime", stage, 0.7)

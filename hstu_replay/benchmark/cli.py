@@ -1,0 +1,174 @@
+"""`hstu-replay bench protocol`: NVIDIA's published benchmark protocol against a running server.
+
+Every option is read as text and checked here, before any request: a bad one is one line and
+exit 2. Exit 0: done, every checked answer within tolerance; 1: some answer differed from its
+reference; 2: bad options or data, or a server or model that cannot be used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from hstu_replay.arguments import number, numbers
+from hstu_replay.client.triton import ClientOptions, TritonClient
+from hstu_replay.errors import ConfigError, InputError, LimitError
+from hstu_replay.interface import INTERFACES, Limits
+from hstu_replay.benchmark.cases import Case, make_cases, users_from_dumps, users_from_store
+from hstu_replay.report.benchmark import render_protocol_html
+from hstu_replay.benchmark.passes import Caller, PassResult, run_passes
+from hstu_replay.benchmark.tables import build_protocol_report, render_text
+from hstu_replay.report.writers import atomic_write, report_json
+
+DEFAULT_MODELS = "hstu_model,hstu_gr_ranking,hstu_gr_ranking_kvcache"
+SCALING_MODEL = "hstu_gr_ranking_kvcache"
+JSON_NAME, HTML_NAME = "protocol.json", "protocol.html"
+
+
+def add_commands(groups) -> None:
+    bench = groups.add_parser("bench", help="benchmarks with published protocols")
+    actions = bench.add_subparsers(dest="bench_command", required=True, metavar="ACTION")
+    p = actions.add_parser("protocol", help="NVIDIA's benchmark protocol: backend comparison and batch-size scaling",
+                           description=__doc__.splitlines()[0])
+    opt = p.add_argument
+    opt("--triton-url", default="127.0.0.1:8001", help="Triton host:port (default %(default)s)")
+    opt("--triton-protocol", default="grpc", help="grpc or http (default %(default)s)")
+    opt("--dump-dir", metavar="DIR", help="NVIDIA-format dump directory (answers checked against its logits)")
+    opt("--store", metavar="STORE", help="prepared store: each user's latest events, no reference logits")
+    opt("--models", default=DEFAULT_MODELS, help="models measured at the backend batch (default %(default)s)")
+    opt("--backend-batch", default="2", help="batch size of the backend comparison (default %(default)s, NVIDIA's)")
+    opt("--batch-sizes", default="1,2,4,8",
+        help=f"batch sizes of the {SCALING_MODEL} scaling table (default %(default)s)")
+    opt("--cases", default="", help="measured calls per pass (default: as many as the users allow)")
+    opt("--repeats", default="3", help="passes of a model without cache, averaged (default %(default)s, NVIDIA's)")
+    opt("--sleep", default="1.0", help="seconds slept after the warm-up call, not timed (default %(default)s)")
+    opt("--candidates", default="16", help="candidates per user, --store (default %(default)s)")
+    opt("--max-history", default="4096", help="longest history in items, --store (default %(default)s)")
+    opt("--max-values", default="40000", help="largest len(values) the model takes (default %(default)s)")
+    opt("--tolerance", default="0.0625", help="max absolute logit difference accepted (default %(default)s)")
+    opt("--hardware", default="hardware not named",
+        help="what the server runs on, printed beside our figures (e.g. 'NVIDIA H200')")
+    opt("--timeout", default="120", help="seconds before one call counts as failed (default %(default)s)")
+    opt("--out", default="", help="folder for protocol.json and protocol.html")
+    p.set_defaults(func=_protocol)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The command's options, checked."""
+
+    options: ClientOptions
+    models: tuple[str, ...]
+    runs: tuple[tuple[str, int], ...]  # (model, batch size), in the order they are measured
+    backend_batch: int
+    batch_sizes: tuple[int, ...]
+    cases: int | None  # cases per run, warm-up included; None: as many as the users allow
+    repeats: int
+    sleep_s: float
+    tolerance: float
+    limits: Limits
+    out: Path | None
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    if (args.dump_dir is None) == (args.store is None):
+        raise ConfigError("give exactly one of --dump-dir DIR or --store STORE")
+    known = {i.model_name for i in INTERFACES.values()}
+    models = tuple(m.strip() for m in args.models.split(",") if m.strip())
+    if not models or any(m not in known for m in models):
+        raise ConfigError(f"--models {args.models!r}: use some of {', '.join(sorted(known))}")
+    limits = Limits(max_values=number("--max-values", args.max_values, 1, integral=True))
+    backend_batch = number("--backend-batch", args.backend_batch, 1, limits.max_batch, integral=True)
+    batch_sizes = (tuple(sorted(set(numbers("--batch-sizes", args.batch_sizes, 1, limits.max_batch, integral=True))))
+                   if SCALING_MODEL in models else ())
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {args.out!r}: exists and is not a folder")
+    timeout = number("--timeout", args.timeout, 0.1)
+    return Settings(
+        options=ClientOptions(url=args.triton_url, protocol=args.triton_protocol, timeout_s=timeout),
+        models=models,
+        runs=tuple([(m, backend_batch) for m in models]
+                   + [(SCALING_MODEL, b) for b in batch_sizes if b != backend_batch]),
+        backend_batch=backend_batch, batch_sizes=batch_sizes,
+        cases=number("--cases", args.cases, 1, integral=True) + 1 if args.cases else None,
+        repeats=number("--repeats", args.repeats, 1, 100, integral=True),
+        sleep_s=number("--sleep", args.sleep, 0, 60),
+        tolerance=number("--tolerance", args.tolerance, 0),
+        limits=limits, out=out,
+    )
+
+
+def _plan(args: argparse.Namespace, s: Settings) -> tuple[int, dict[tuple[str, int], list[Case]]]:
+    """Users and every run's cases, laid out before any request (bad data: exit 2)."""
+    try:
+        if args.dump_dir is not None:
+            users = users_from_dumps(args.dump_dir)
+        else:
+            candidates = number("--candidates", args.candidates, 1, s.limits.max_candidates, integral=True)
+            history = number("--max-history", args.max_history, 1, s.limits.max_history, integral=True)
+            users = users_from_store(args.store, candidates, history)
+        return len(users), {run: make_cases(users, run[1], s.cases, s.limits) for run in s.runs}
+    except (InputError, LimitError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _protocol(args: argparse.Namespace) -> int:
+    s = _settings(args)
+    users, planned = _plan(args, s)
+    run = {"url": args.triton_url, "protocol": args.triton_protocol, "hardware": args.hardware,
+           "source": {"dump_dir": args.dump_dir} if args.dump_dir else
+           {"store": args.store, "candidates": args.candidates, "max_history": args.max_history},
+           "users": users, "models": list(s.models), "backend_batch": s.backend_batch,
+           "batch_sizes": list(s.batch_sizes), "measured_cases": {str(b): len(planned[(m, b)]) - 1 for m, b in s.runs},
+           "warmup_calls": 1, "sleep_s": s.sleep_s, "repeats": s.repeats, "tolerance": s.tolerance}
+
+    def report(passes: list[PassResult], complete: bool) -> dict:
+        return build_protocol_report(passes, run | {"complete": complete}, backend_batch=s.backend_batch,
+                                     scaling_model=SCALING_MODEL)
+
+    # connect to every model first (one line if one is missing or not an HSTU model), then measure;
+    # what is measured so far is written after each run, so an interrupted run keeps it
+    clients = {m: TritonClient(replace(s.options, model=m)) for m in s.models}
+    passes: list[PassResult] = []
+    try:
+        bindings = {m: c.connect() for m, c in clients.items()}
+        run["interfaces"] = {m: b.interface.name for m, b in bindings.items()}
+        run["reports_hits"] = {m: b.reports_hits for m, b in bindings.items()}
+        for model, batch in s.runs:
+            client = clients[model]
+            caller = Caller(client.infer, lambda c=client, m=model: _served(c, m))
+            passes += run_passes(caller, model, planned[(model, batch)], bindings[model].interface.uses_cache,
+                                 s.repeats, s.sleep_s, s.tolerance)
+            print(f"measured {model} at batch {batch}", file=sys.stderr, flush=True)
+            _write(report(passes, False), s.out)
+    finally:
+        for c in clients.values():
+            c.close()
+    final = report(passes, True)
+    print(render_text(final))
+    if s.out is not None:
+        _write(final, s.out)
+        print(f"wrote {s.out / JSON_NAME} and {s.out / HTML_NAME}")
+    mismatches = sum(p.mismatches for p in passes)
+    if mismatches:
+        print(f"hstu-replay: {mismatches} answers differed from their reference", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _write(report: dict, out: Path | None) -> None:
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write(out / JSON_NAME, report_json(report))
+        atomic_write(out / HTML_NAME, render_protocol_html(report).encode())
+
+
+def _served(client, model: str) -> int | None:
+    """Triton's count of the model's successful requests so far (None where statistics are closed)."""
+    for entry in client.server_statistics(model).get("model_stats", []):
+        if entry.get("name") == model:
+            return int(entry.get("inference_stats", {}).get("success", {}).get("count", 0))
+    return None

@@ -1,0 +1,151 @@
+"""AOTInductor packages of the model: export + compile once, load in milliseconds to serve.
+
+`export_package` writes the per-user KV step (`model.KVStep`); `load_package` gives back a
+callable with the eager `Compute` signature. `export_nocache_package` writes the published
+`hstu_gr_ranking` interface: (values, lengths, num_candidates) -> logits, self-contained.
+Loading uses torch's AOTIModelPackageLoader directly: `aoti_load_package` would run a C++
+compiler at load time, which a server must not need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torch.export import Dim
+
+from hstu_replay.errors import InputError
+from hstu_replay.server.config import ModelConfig
+from hstu_replay.server.model import MIN_SIZE, HSTUModel, JaggedRanker, KVStep, padded_call, torch_dtype
+
+
+@dataclass(frozen=True)
+class PackageInfo:
+    path: Path
+    compile_seconds: float  # export + AOTInductor compile, wall clock
+
+
+def export_package(model: HSTUModel, config: ModelConfig, path: str | os.PathLike) -> PackageInfo:
+    """Compile the per-user KV step with dynamic past, new-history and candidate lengths."""
+    L, H, D = config.num_layers, config.num_heads, config.head_dim
+    dtype, device = torch_dtype(config), _device(model)
+    past = Dim("past", min=MIN_SIZE, max=config.max_history_tokens + MIN_SIZE)
+    hist = Dim("hist", min=MIN_SIZE, max=config.max_history_tokens + MIN_SIZE)
+    cand = Dim("cand", min=MIN_SIZE, max=config.max_candidates + MIN_SIZE)
+    # Example sizes distinct from each other and from MIN_SIZE, so no dim is unified or specialised.
+    args = (
+        torch.zeros(7, dtype=torch.int64, device=device),
+        torch.zeros(5, dtype=torch.int64, device=device),
+        torch.zeros(L, 9, H, D, dtype=dtype, device=device),
+        torch.zeros(L, 9, H, D, dtype=dtype, device=device),
+        torch.tensor([9, 7, 5], dtype=torch.int64, device=device),
+    )
+    shapes = ({0: hist}, {0: cand}, {1: past}, {1: past}, None)
+    return _compile(KVStep(model).eval(), args, shapes, path)
+
+
+def export_nocache_package(model: HSTUModel, config: ModelConfig, path: str | os.PathLike) -> PackageInfo:
+    """Compile the published no-cache interface (values, lengths, num_candidates) -> logits."""
+    values, lengths, num_candidates = (t.to(_device(model)) for t in _example_request())
+    batch = Dim("batch", min=1, max=config.max_batch)
+    n_values = Dim("values", min=1, max=config.max_batch * (6 + 2 * (config.max_history + config.max_candidates)))
+    shapes = ({0: n_values}, {0: 8 * batch}, {0: batch})
+    return _compile(JaggedRanker(model).eval(), (values, lengths, num_candidates), shapes, path)
+
+
+def _device(model: HSTUModel) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _example_request() -> tuple[Tensor, Tensor, Tensor]:
+    """Three users with distinct history and candidate counts (no size 0 or 1 to specialise)."""
+    hist, cand = [5, 9, 2], [3, 4, 6]
+    gen = torch.Generator().manual_seed(0)
+    head = torch.arange(1, 6 * len(hist) + 1)
+    items = [torch.randint(0, 1 << 30, (h + c,), generator=gen) for h, c in zip(hist, cand)]
+    actions = [torch.cat([torch.randint(0, 256, (h,), generator=gen), torch.zeros(c, dtype=torch.int64)])
+               for h, c in zip(hist, cand)]
+    seq = [h + c for h, c in zip(hist, cand)]
+    lengths = torch.tensor([1] * 6 * len(hist) + seq + seq)
+    return torch.cat([head, *items, *actions]), lengths, torch.tensor(cand)
+
+
+def _compile(module: torch.nn.Module, args: tuple, shapes: tuple, path: str | os.PathLike) -> PackageInfo:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with _quiet(), torch.no_grad():
+        program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
+        torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+    return PackageInfo(path, time.perf_counter() - started)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Inductor and export log and warn a lot at INFO/WARNING; keep the tool's output clean."""
+    names = ("torch._inductor", "torch._export", "torch.export", "torch.fx.experimental.symbolic_shapes",
+             "torch._dynamo", "torch.utils._sympy")
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _loader(path: str | os.PathLike):
+    if not Path(path).is_file():
+        raise InputError(f"{path}: no AOTInductor package there")
+    try:
+        return torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"{path}: cannot load the AOTInductor package ({first})") from None
+
+
+class PackageCompute:
+    """A loaded KV-step package behind the engine's `Compute` call (same signature as eager)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self._loader = _loader(path)
+
+    def _step(self, *inputs: Tensor) -> list[Tensor]:
+        return self._loader.run([t.contiguous() for t in inputs])
+
+    def __call__(self, hist_ids: Tensor, cand_ids: Tensor, past_k: Tensor, past_v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        with torch.inference_mode():
+            return padded_call(self._step, hist_ids, cand_ids, past_k, past_v)
+
+
+class NoCachePackage:
+    """A loaded no-cache package: (values, lengths, num_candidates) int64 1-D -> logits [N, 8]."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self._loader = _loader(path)
+
+    def __call__(self, values: Tensor, lengths: Tensor, num_candidates: Tensor) -> Tensor:
+        with torch.inference_mode():
+            return self._loader.run([values.contiguous(), lengths.contiguous(), num_candidates.contiguous()])[0]
+
+
+def load_package(path: str | os.PathLike) -> PackageCompute:
+    """Load a KV-step package without a compiler (milliseconds)."""
+    return PackageCompute(path)
+
+
+def load_nocache_package(path: str | os.PathLike) -> NoCachePackage:
+    return NoCachePackage(path)

@@ -1,0 +1,100 @@
+"""The fast engine: every user of a request in one forward pass, K/V read and written in place in a page pool.
+
+Same model, same weights and same answers as the per-user engine (`engine.RankingEngine`), laid
+out for a GPU: the request's new tokens form one jagged batch (all users' new history tokens,
+then all candidates), so each linear layer is one matrix product for the whole request; each
+layer writes its new history keys/values straight into the user's cache pages and attention
+reads them back through the page table (`paged_attention`). A fully cached request computes
+only its candidates and copies nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hstu_replay.request import RequestTensors, UserRequest
+from hstu_replay.server.config import ModelConfig
+from hstu_replay.server.engine import InferResult, check_fits, history_ids
+from hstu_replay.server.model import ITEM_KIND, HSTUModel, history_kinds
+from hstu_replay.server.paged_attention import WorkPlan, paged_attention
+from hstu_replay.server.paged_cache import PagedKVCache, UserPages
+
+
+class BatchedEngine:
+    def __init__(self, model: HSTUModel, cache: PagedKVCache) -> None:
+        self.config: ModelConfig = model.config
+        self.model = model
+        self.cache = cache
+        self.device = cache.pool_k.device
+        self._lock = threading.Lock()
+
+    def infer(self, tensors: RequestTensors) -> InferResult:
+        users = tensors.users()
+        check_fits(self.config, users, tensors)
+        keys = [u.key for u in users]
+        totals = [int(t) for t in tensors.total_history_lengths]
+        with self._lock:
+            self.cache.check_request(keys, totals)
+            placed = self.cache.begin(keys, totals)
+            try:
+                logits = self._forward(users, placed)
+            except Exception:
+                for key in keys:  # the ledger already counts these users as held: undo
+                    self.cache.forget(key)
+                raise
+            finally:
+                self.cache.finish(keys)
+        hits = np.array([p.hit for p in placed], dtype=np.int64)
+        return InferResult(logits, hits, np.array(totals, dtype=np.int64) - hits)
+
+    def clear_cache(self) -> None:
+        with self._lock:
+            self.cache.clear()
+
+    def _forward(self, users: list[UserRequest], placed: list[UserPages]) -> np.ndarray:
+        cfg, model, cache = self.config, self.model, self.cache
+        page = cache.page_tokens
+        hit = np.array([p.hit for p in placed], dtype=np.int64)
+        total = np.array([p.total for p in placed], dtype=np.int64)
+        n_hist, n_cand = total - hit, np.array([len(u.candidates) for u in users], dtype=np.int64)
+        hist_pos = np.concatenate([np.arange(p.hit, p.total) for p in placed])
+        page_table = np.zeros((len(users), max(len(p.pages) for p in placed)), dtype=np.int64)
+        for row, p in zip(page_table, placed):
+            row[:len(p.pages)] = p.pages
+        owner = np.repeat(np.arange(len(users)), n_hist)
+        slots = page_table[owner, hist_pos // page] * page + hist_pos % page
+        ids = [history_ids(u)[p.hit:] for u, p in zip(users, placed) if p.hit < p.total]
+        ids += [np.asarray(u.candidates, dtype=np.int64) for u in users]
+        kinds = np.concatenate([history_kinds(torch.from_numpy(hist_pos)).numpy(),
+                                np.full(int(n_cand.sum()), ITEM_KIND, dtype=np.int64)])
+        positions = np.concatenate([hist_pos, np.repeat(total, n_cand)])
+        plan = WorkPlan.plan(hit, n_hist, n_cand, cfg.num_heads)
+        # one host-to-device copy for every index the forward needs
+        parts = [np.concatenate(ids), kinds, positions, slots, page_table.ravel(), plan.items.ravel()]
+        packed = torch.from_numpy(np.concatenate(parts)).to(self.device, non_blocking=True)
+        ids_t, kinds_t, pos_t, slots_t, table_t, items_t = packed.split([len(part) for part in parts])
+        page_table_t, items_t = table_t.view(page_table.shape), items_t.view(plan.items.shape)
+        n_hist_all = len(hist_pos)
+        with torch.inference_mode():
+            x = model.embed(ids_t, kinds_t, pos_t)
+            for layer, pool_k, pool_v in zip(model.layers, cache.pool_k, cache.pool_v):
+                u, v, q, k = F.silu(layer.uvqk(layer.norm_in(x))).split(cfg.attn_dim, dim=-1)
+                q, k, v = (t.unflatten(-1, (cfg.num_heads, cfg.head_dim)) for t in (q, k, v))
+                if n_hist_all:
+                    pool_k.index_copy_(0, slots_t, k[:n_hist_all])
+                    pool_v.index_copy_(0, slots_t, v[:n_hist_all])
+                attn = paged_attention(q, k, v, pool_k, pool_v, page_table_t, plan, items_t, page, cfg.attn_normaliser)
+                x = x + layer.out(layer.norm_attn(attn.flatten(1)) * u)
+            logits = model.head(x[n_hist_all:]).float()
+        return logits.cpu().numpy().reshape(-1, 8)
+
+
+def build_batched_engine(model: HSTUModel, budget_tokens: int, page_tokens: int) -> BatchedEngine:
+    """An engine over `model` (already on its device) with a pool for `budget_tokens` cached tokens."""
+    weight = model.embed.table.weight
+    cache = PagedKVCache(model.config, budget_tokens, page_tokens, weight.device, weight.dtype)
+    return BatchedEngine(model, cache)

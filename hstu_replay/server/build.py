@@ -1,0 +1,80 @@
+"""From a config name to a compiled repository, and to the serving engines of each kind.
+
+Engine kinds: `aoti` serves the AOTInductor packages of a compiled repository, one user after
+another (the published torch_aoti path); `batched` serves the eager model with every user of a
+request in one pass over a paged KV pool (`batched.BatchedEngine`; the fast path on a GPU).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from hstu_replay.errors import ConfigError, InputError
+from hstu_replay.interface import KVCACHE, NOCACHE
+from hstu_replay.server.aoti import export_nocache_package, export_package, load_nocache_package, load_package
+from hstu_replay.server.config import ModelConfig, get_config
+from hstu_replay.server.engine import PackagedRanker, RankingEngine
+from hstu_replay.server.kvcache import KVCache
+from hstu_replay.server.model import build_model
+from hstu_replay.server.repository import RepositoryLayout, TargetMeta, read_meta, write_configs, write_meta
+from hstu_replay.server.serve import Engines
+
+
+def export_repository(root: str | Path, config_name: str, seed: int, device: str, force: bool = False) -> TargetMeta:
+    """Compile both packages unless the repository already holds them for this config and seed."""
+    layout = RepositoryLayout(Path(root))
+    if not force and layout.is_complete():
+        meta = read_meta(layout)
+        if (meta.config, meta.seed, meta.device) == (config_name, seed, device):
+            return meta
+    config = get_config(config_name)
+    print(f"hstu-replay: compiling the {config_name} model with AOTInductor into {root} "
+          f"(one time; about a minute on a CPU)...", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    model = build_model(config, seed).to(device)
+    export_package(model, config, layout.package(KVCACHE))
+    export_nocache_package(model, config, layout.package(NOCACHE))
+    write_configs(layout)
+    meta = TargetMeta(config_name, seed, device, round(time.perf_counter() - started, 1), torch.__version__)
+    write_meta(layout, meta)
+    print(f"hstu-replay: compiled in {meta.compile_seconds} s", file=sys.stderr, flush=True)
+    return meta
+
+
+def load_engines(root: str | Path, cache_budget_tokens: int | None, page_tokens: int, device: str) -> Engines:
+    """The `aoti` engines of a compiled repository."""
+    layout = RepositoryLayout(Path(root))
+    if not layout.is_complete():
+        raise InputError(f"{root}: no compiled repository here; run `hstu-replay server export` first")
+    meta = read_meta(layout)
+    config = get_config(meta.config)
+    cache = KVCache(cache_budget_tokens if cache_budget_tokens else 1 << 62, page_tokens)
+    cached = RankingEngine(config, load_package(layout.package(KVCACHE)), cache, device)
+    uncached = PackagedRanker(config, load_nocache_package(layout.package(NOCACHE)))
+    return Engines(cached=cached, uncached=uncached)
+
+
+def _aoti_engines(repository: str | Path, config: ModelConfig, seed: int, cache_budget_tokens: int,
+                  page_tokens: int, device: str) -> Engines:
+    if config != get_config(config.name):
+        raise ConfigError("--dtype applies to --engine batched; the compiled packages keep the config's type")
+    export_repository(repository, config.name, seed, device)
+    return load_engines(repository, cache_budget_tokens, page_tokens, device)
+
+
+def _batched_engines(repository: str | Path, config: ModelConfig, seed: int, cache_budget_tokens: int,
+                     page_tokens: int, device: str) -> Engines:
+    """One eager model; the no-cache models get a pool that keeps nothing. `repository` is unused."""
+    from hstu_replay.server.batched import build_batched_engine
+
+    model = build_model(config, seed).to(device)
+    return Engines(cached=build_batched_engine(model, cache_budget_tokens, page_tokens),
+                   uncached=build_batched_engine(model, 0, page_tokens))
+
+
+ENGINE_KINDS: dict[str, Callable[..., Engines]] = {"aoti": _aoti_engines, "batched": _batched_engines}

@@ -1,0 +1,131 @@
+"""HSTU attention over a paged KV cache, for a jagged batch of users: a Triton kernel and its plain twin.
+
+Queries are the request's new tokens, history first for every user, then every candidate. Keys
+and values are all in the page pool (the new history tokens' are written there before the
+call), found through each user's page table. A history query at position p sees keys 0..p; a
+candidate sees its user's whole history and itself (its own key and value come from `k`/`v`,
+the request's new keys: candidates' keys are never stored). Weights are SiLU(q.k) / normaliser, no softmax, so no running maximum is
+needed: each key's contribution simply adds up, and one query block's keys can be split over
+several programs whose partial sums are added atomically (split-K). That is what keeps a GPU busy
+when a fully cached request has only a few candidate blocks, each facing thousands of keys.
+
+Work items never cross users. Each is one row of `WorkPlan.items`: (user, first row, rows,
+position of the first row, position step, first key, key end). A candidate block has step 0:
+all its rows sit at the last history position.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+BLOCK_M = 128  # query rows per work item
+BLOCK_N = 64  # keys per step of the kernel's loop
+#: Split keys when the query blocks alone would give fewer programs than this (about 4 per SM of an H100/H200).
+MIN_PROGRAMS = 512
+_USER, _ROW0, _ROWS, _POS0, _STEP, _KEY0, _KEY_END = range(7)
+
+
+@dataclass(frozen=True)
+class WorkPlan:
+    items: np.ndarray  # int32 [n, 7]
+    split: bool  # several items may share query rows: their sums are added atomically
+
+    @classmethod
+    def plan(cls, past: np.ndarray, n_hist: np.ndarray, n_cand: np.ndarray, heads: int,
+             block_m: int = BLOCK_M, min_programs: int = MIN_PROGRAMS) -> WorkPlan:
+        """Items for users with `past` cached, `n_hist` new history tokens and `n_cand` candidates."""
+        past, n_hist, n_cand = (np.asarray(a, dtype=np.int64) for a in (past, n_hist, n_cand))
+        kv_len = past + n_hist
+        hist_blocks = -(-n_hist // block_m)
+        cand_blocks = -(-n_cand // block_m)
+        # history blocks, all users, then candidate blocks: (user, index of the block in its part)
+        hist_user = np.repeat(np.arange(len(past)), hist_blocks)
+        hist_first = _index_in_group(hist_blocks) * block_m
+        cand_user = np.repeat(np.arange(len(past)), cand_blocks)
+        cand_first = _index_in_group(cand_blocks) * block_m
+        hist_row0 = np.cumsum(n_hist) - n_hist
+        cand_row0 = n_hist.sum() + np.cumsum(n_cand) - n_cand
+        items = np.concatenate([
+            np.stack([hist_user, hist_row0[hist_user] + hist_first,
+                      np.minimum(block_m, n_hist[hist_user] - hist_first), past[hist_user] + hist_first,
+                      np.ones_like(hist_user), np.zeros_like(hist_user), kv_len[hist_user]], axis=1),
+            np.stack([cand_user, cand_row0[cand_user] + cand_first,
+                      np.minimum(block_m, n_cand[cand_user] - cand_first), kv_len[cand_user] - 1,
+                      np.zeros_like(cand_user), np.zeros_like(cand_user), kv_len[cand_user]], axis=1),
+        ]).reshape(-1, 7)
+        # keys a block really visits: up to its last row's position
+        items[:, _KEY_END] = np.minimum(items[:, _KEY_END], items[:, _POS0] + items[:, _STEP] * (items[:, _ROWS] - 1) + 1)
+        split = 0 < len(items) * heads < min_programs
+        if split:
+            items = _split_keys(items, heads, min_programs)
+        # longest first, so the GPU's last wave is made of short ones
+        work = items[:, _KEY_END] - items[:, _KEY0]
+        return cls(np.ascontiguousarray(items[np.argsort(-work, kind="stable")], dtype=np.int32), split)
+
+
+def _split_keys(items: np.ndarray, heads: int, min_programs: int) -> np.ndarray:
+    """Cut each item's keys into chunks (multiples of BLOCK_N) so that about `min_programs` programs run."""
+    total_keys = int(items[:, _KEY_END].sum())
+    chunk = max(4 * BLOCK_N, -(-total_keys * heads // min_programs))
+    chunk = -(-chunk // BLOCK_N) * BLOCK_N
+    pieces = np.maximum(1, -(-items[:, _KEY_END] // chunk))
+    out = np.repeat(items, pieces, axis=0)
+    out[:, _KEY0] = _index_in_group(pieces) * chunk
+    out[:, _KEY_END] = np.minimum(out[:, _KEY_END], out[:, _KEY0] + chunk)
+    return out
+
+
+def _index_in_group(counts: np.ndarray) -> np.ndarray:
+    """For groups of `counts` elements laid end to end: each element's index inside its group."""
+    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
+def paged_attention(q: Tensor, k: Tensor, v: Tensor, pool_k: Tensor, pool_v: Tensor, page_table: Tensor,
+                    plan: WorkPlan, items: Tensor, page_tokens: int, normaliser: float) -> Tensor:
+    """q, k, v [T, H, D] the new tokens' (any strides, last contiguous); pool_k/v [slots, H, D];
+    page_table int [B, pages]; `items` is `plan.items` (any int type) on q's device. Returns [T, H, D] in q's dtype."""
+    if q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
+        return _triton_attention(q, k, v, pool_k, pool_v, page_table, plan.split, items, page_tokens, normaliser)
+    return reference_attention(q, k, v, pool_k, pool_v, page_table, items, page_tokens, normaliser)
+
+
+def reference_attention(q: Tensor, k_new: Tensor, v_new: Tensor, pool_k: Tensor, pool_v: Tensor, page_table: Tensor,
+                        items: Tensor, page_tokens: int, normaliser: float) -> Tensor:
+    """The same computation in plain PyTorch, one item at a time (CPU serving and the kernel's check)."""
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    for user, row0, rows, pos0, step, key0, key_end in items.tolist():
+        if step == 0 and key0 == 0:  # candidates see themselves (added once: by their first key chunk)
+            own = F.silu((q[row0:row0 + rows].float() * k_new[row0:row0 + rows].float()).sum(-1, keepdim=True))
+            out[row0:row0 + rows] += own * v_new[row0:row0 + rows].float()
+        key_pos = torch.arange(key0, key_end, device=q.device)
+        slots = page_table[user].long()[key_pos // page_tokens] * page_tokens + key_pos % page_tokens
+        k, v = pool_k[slots].transpose(0, 1), pool_v[slots].transpose(0, 1)  # [H, keys, D]
+        query = q[row0:row0 + rows].transpose(0, 1)  # [H, rows, D]
+        query_pos = pos0 + step * torch.arange(rows, device=q.device)
+        weights = F.silu(query @ k.transpose(1, 2)).masked_fill(key_pos[None, :] > query_pos[:, None], 0.0)
+        out[row0:row0 + rows] += (weights @ v).transpose(0, 1).float()
+    return (out / normaliser).to(q.dtype)
+
+
+def _triton_attention(q, k, v, pool_k, pool_v, page_table, split, items, page_tokens, normaliser):
+    from hstu_replay.server.attention_kernel import hstu_paged_attention  # needs triton
+
+    tokens, heads, head_dim = q.shape
+    # split: partial sums are added into zeros; otherwise every row is written exactly once
+    out = (torch.zeros if split else torch.empty)((tokens, heads, head_dim), dtype=torch.float32 if split else q.dtype,
+                                                  device=q.device)
+    if items.shape[0]:
+        hstu_paged_attention[(items.shape[0], heads)](
+            q, k, v, pool_k, pool_v, out, items, page_table,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), pool_k.stride(0), pool_k.stride(1), out.stride(0), out.stride(1),
+            page_table.stride(0), 1.0 / normaliser,
+            PAGE=page_tokens, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, SPLIT=split,
+            FAST_SILU=q.is_cuda, num_warps=8, num_stages=3 if q.is_cuda and q.element_size() == 2 else 1,
+        )
+    return out.to(q.dtype) if split else out

@@ -1,0 +1,295 @@
+"""Serve the reference target on a real tritonserver (the one bundled with nvidia-pytriton).
+
+Models hosted, each with the published tensor names, dtypes and dims:
+- `hstu_gr_ranking_kvcache` (5 inputs) backed by the per-user KV cache; an extra output
+  `CACHED_TOKENS` (INT64 [B], tokens each user reused) is evidence of hits for any client;
+- `hstu_gr_ranking` (3 inputs), no cache;
+- `hstu_model` (the older Python-backend interface, 4 inputs), no cache;
+- `hstu_kvcache_control`: reads the cache counters, and empties the cache when CLEAR is 1.
+Prometheus counters of cached vs computed tokens are served on their own port (default 8003),
+beside Triton's own /metrics (8002).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import socket
+import ssl
+import sys
+import sysconfig
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+
+from hstu_replay.errors import ConfigError, ServerError
+from hstu_replay.interface import KVCACHE, NOCACHE, PYTHON_BACKEND, ModelInterface
+from hstu_replay.request import RequestTensors
+from hstu_replay.server.batched import BatchedEngine
+from hstu_replay.server.engine import PackagedRanker, RankingEngine
+from hstu_replay.server.tls_proxy import TlsFiles, TlsForwarder
+
+CONTROL_MODEL = "hstu_kvcache_control"
+CONTROL_OUTPUTS = ("HIT_TOKENS", "COMPUTED_TOKENS", "EVICTED_USERS", "RESIDENT_TOKENS", "REQUESTS")
+#: Triton endpoints behind PyTriton's access token; statistics stay open for load-test clients.
+PROTECTED_ENDPOINTS = ["shared-memory", "model-repository", "trace", "logging"]
+ACCESS_HEADER = "triton-access-token"  # the header PyTriton's own clients send with the token
+#: Triton checks a restricted gRPC protocol's header as metadata under this prefix + the name.
+GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
+_HEADER_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")  # lower case: gRPC metadata keys must be
+_HEADER_VALUE = re.compile(r"[!-~]+")  # visible ASCII: tritonserver's arguments are split on spaces
+
+
+@dataclass(frozen=True)
+class RequiredHeader:
+    """A header every inference request must carry (`--require-header name=value`): Triton's own
+    restricted-API check answers the others with an error. The value is a secret: never printed."""
+
+    name: str
+    value: str
+
+    @classmethod
+    def parse(cls, text: str) -> RequiredHeader:
+        name, sep, value = text.partition("=")
+        name = name.strip().lower()
+        if not sep or not _HEADER_NAME.fullmatch(name) or not _HEADER_VALUE.fullmatch(value):
+            raise ConfigError("--require-header: give name=value (a name of letters, digits, '-', '_' or '.'; "
+                              "a value of visible characters without spaces)")
+        return cls(name, value)
+
+    def __repr__(self) -> str:  # never the value
+        return f"RequiredHeader({self.name!r}, <hidden>)"
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    cache_metrics_port: int = 8003
+    log_verbose: int = 0
+    tls: TlsFiles | None = None  # gRPC then takes TLS only, and `https_port` serves HTTPS
+    https_port: int = 0  # 0: no HTTPS; else Triton's HTTP port stays on loopback behind a TLS forwarder
+    required_header: RequiredHeader | None = None  # inference needs it, on every protocol
+
+    def __post_init__(self):
+        if self.https_port and self.tls is None:
+            raise ConfigError("--https-port needs --tls-cert and --tls-key")
+        if self.tls is not None:
+            for flag, path in (("--tls-cert", self.tls.cert), ("--tls-key", self.tls.key)):
+                if not os.path.isfile(path):
+                    raise ConfigError(f"{flag} {path!r}: no such file")
+            try:
+                self.tls.server_context()
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"--tls-cert/--tls-key: not a usable PEM certificate and key ({exc})") from None
+
+    @property
+    def http_host(self) -> str:
+        """Where Triton's plain HTTP listens: loopback alone when HTTPS stands in front of it."""
+        return ("::1" if ":" in self.host else "127.0.0.1") if self.https_port else self.host
+
+    @property
+    def ports(self) -> dict[str, int]:
+        ports = {
+            "http": self.http_port,
+            "grpc": self.grpc_port,
+            "metrics": self.metrics_port,
+            "cache metrics": self.cache_metrics_port,
+        }
+        return ports | ({"https": self.https_port} if self.https_port else {})
+
+    def restrictions(self, access_token: str) -> list[str]:
+        """tritonserver's `--{grpc-restricted-protocol,http-restricted-api}` values: PyTriton's
+        token on the management endpoints, and the required header on inference."""
+        rules = [f"{','.join(PROTECTED_ENDPOINTS)}:{ACCESS_HEADER}={access_token}"]
+        if self.required_header is not None:
+            rules.append(f"inference:{self.required_header.name}={self.required_header.value}")
+        return rules
+
+    def describe(self) -> str:
+        """The line printed once serving (addresses and what they require; never a secret)."""
+        grpc = f"grpc {self.grpc_port}{' (TLS)' if self.tls else ''}"
+        http = f"http {self.http_port}" + (f" on {self.http_host}, https {self.https_port}" if self.https_port else "")
+        text = (f"serving on {self.host}: {grpc}, {http}, metrics {self.metrics_port}, "
+                f"cache metrics {self.cache_metrics_port}")
+        if self.required_header is not None:
+            name = self.required_header.name
+            text += f"; inference requires header {name} (gRPC metadata {GRPC_HEADER_PREFIX}{name})"
+        return text
+
+
+@dataclass(frozen=True)
+class Engines:
+    """Anything with `infer(RequestTensors) -> InferResult`; `cached` also `cache.stats()` and `clear_cache()`."""
+
+    cached: RankingEngine | BatchedEngine  # hstu_gr_ranking_kvcache
+    uncached: PackagedRanker | BatchedEngine  # hstu_gr_ranking and hstu_model: no cache kept
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """`n` ports free on `host` at the time of asking (for tests and benchmarks)."""
+    socks = [socket.socket() for _ in range(n)]
+    for sock in socks:
+        sock.bind((host, 0))
+    ports = [sock.getsockname()[1] for sock in socks]
+    for sock in socks:
+        sock.close()
+    return ports
+
+
+def check_ports_free(options: ServeOptions) -> None:
+    """Fail early, in one line, when a port is taken (tritonserver would only log it)."""
+    for name, port in options.ports.items():
+        host = options.http_host if name == "http" else options.host
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            # as tritonserver does: connections still in TIME_WAIT do not make a port "taken"
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError as exc:
+                raise ServerError(
+                    f"{name} port {port} on {host} is taken ({exc.strerror}); choose another with --{name.replace(' ', '-')}-port"
+                ) from None
+
+
+def _logits_handler(engine: RankingEngine, interface: ModelInterface, with_cache_outputs: bool) -> Callable:
+    def infer(requests):
+        responses = []
+        for request in requests:
+            tensors = RequestTensors.from_inputs({k: request[k] for k in request}, interface)
+            result = engine.infer(tensors)
+            outputs = {interface.logits_output: result.logits}
+            if with_cache_outputs:
+                outputs["OUTPUT__1"] = np.full(tensors.batch_size, -1, dtype=np.int64)
+                outputs["CACHED_TOKENS"] = result.cached_tokens.astype(np.int64)
+            responses.append(outputs)
+        return responses
+
+    return infer
+
+
+def _control_handler(engine: RankingEngine) -> Callable:
+    def infer(requests):
+        responses = []
+        for request in requests:
+            if int(np.asarray(request["CLEAR"]).ravel()[0]) == 1:
+                engine.clear_cache()
+            stats = engine.cache.stats()
+            responses.append({name: np.array([stats[name.lower()]], dtype=np.int64) for name in CONTROL_OUTPUTS})
+        return responses
+
+    return infer
+
+
+class _CacheMetrics(BaseHTTPRequestHandler):
+    engine: RankingEngine  # set on the subclass made by `start_cache_metrics`
+
+    def do_GET(self):  # noqa: N802 - http.server's naming
+        if self.path.rstrip("/") != "/metrics":
+            self.send_error(404)
+            return
+        stats = self.engine.cache.stats()
+        lines = []
+        for key, help_text in (
+            ("hit_tokens", "History tokens reused from the KV cache"),
+            ("computed_tokens", "History tokens computed (not found in the KV cache)"),
+            ("evicted_users", "Users evicted from the KV cache"),
+            ("requests", "Requests served by the KV-cache model"),
+        ):
+            lines += [f"# HELP hstu_kvcache_{key}_total {help_text}", f"# TYPE hstu_kvcache_{key}_total counter",
+                      f"hstu_kvcache_{key}_total {stats[key]}"]
+        lines += ["# HELP hstu_kvcache_resident_tokens Tokens held in the KV cache",
+                  "# TYPE hstu_kvcache_resident_tokens gauge", f"hstu_kvcache_resident_tokens {stats['resident_tokens']}"]
+        body = ("\n".join(lines) + "\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):  # keep the server's stdout for Triton
+        pass
+
+
+def start_cache_metrics(engine: RankingEngine, options: ServeOptions) -> ThreadingHTTPServer:
+    handler = type("CacheMetrics", (_CacheMetrics,), {"engine": engine})
+    server = ThreadingHTTPServer((options.host, options.cache_metrics_port), handler)
+    threading.Thread(target=server.serve_forever, name="cache-metrics", daemon=True).start()
+    return server
+
+
+def _python_backend_env() -> None:
+    """The backend stub links the system libpython; put the running interpreter's first."""
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    current = os.environ.get("LD_LIBRARY_PATH", "")
+    if libdir and not current.startswith(libdir):
+        os.environ["LD_LIBRARY_PATH"] = f"{libdir}:{current}" if current else libdir
+
+
+def serve(engines: Engines, options: ServeOptions, stop: threading.Event | None = None) -> None:
+    """Run until SIGINT/SIGTERM (or `stop` is set); returns after a clean shutdown."""
+    check_ports_free(options)
+    _python_backend_env()
+    from pytriton.model_config import ModelConfig, Tensor
+    from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
+
+    stop = stop or threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+
+    def tensors(specs) -> list:
+        dtypes = {"INT64": np.int64, "FP32": np.float32}
+        return [Tensor(name=t.name, dtype=dtypes[t.dtype], shape=t.dims) for t in specs]
+
+    extra = [Tensor(name="CACHED_TOKENS", dtype=np.int64, shape=(-1,))]
+    unbatched = ModelConfig(batching=False)
+    # The restrictions are written here rather than by PyTriton, which writes one rule only:
+    # the required header on inference is a second one. PyTriton's clients still send the token.
+    token = secrets.token_urlsafe(32)
+    rules = options.restrictions(token)
+    tls = options.tls
+    config = TritonConfig(
+        http_address=options.http_host, http_port=options.http_port,
+        grpc_address=options.host, grpc_port=options.grpc_port,
+        metrics_address=options.host, metrics_port=options.metrics_port,
+        log_verbose=options.log_verbose, exit_on_error=True,
+        grpc_restricted_protocol=rules, http_restricted_api=rules,  # each rule one flag
+        grpc_use_ssl=tls is not None or None, grpc_server_cert=tls and tls.cert, grpc_server_key=tls and tls.key,
+    )
+    security = TritonSecurityConfig(access_token=token, restricted_endpoints=[])
+    started = time.monotonic()
+    metrics = start_cache_metrics(engines.cached, options)
+    https = None
+    try:
+        if options.https_port:
+            https = TlsForwarder(options.host, options.https_port, (options.http_host, options.http_port), tls)
+        with Triton(config=config, security_config=security) as triton:
+            triton.bind(KVCACHE.model_name, _logits_handler(engines.cached, KVCACHE, True),
+                        inputs=tensors(KVCACHE.inputs), outputs=tensors(KVCACHE.outputs) + extra, config=unbatched)
+            for interface in (NOCACHE, PYTHON_BACKEND):
+                triton.bind(interface.model_name, _logits_handler(engines.uncached, interface, False),
+                            inputs=tensors(interface.inputs), outputs=tensors(interface.outputs), config=unbatched)
+            triton.bind(CONTROL_MODEL, _control_handler(engines.cached),
+                        inputs=[Tensor(name="CLEAR", dtype=np.int64, shape=(1,))],
+                        outputs=[Tensor(name=n, dtype=np.int64, shape=(1,)) for n in CONTROL_OUTPUTS],
+                        config=unbatched)
+            triton.run()
+            print(f"hstu-replay: {options.describe()} (ready in {time.monotonic() - started:.1f} s)", flush=True)
+            while not stop.wait(0.5):
+                if not triton.is_alive():
+                    raise ServerError("tritonserver exited unexpectedly; see its log above")
+    except OSError as exc:
+        raise ServerError(f"tritonserver failed to start: {exc}") from None
+    finally:
+        if https is not None:
+            https.close()
+        metrics.shutdown()
+        print("hstu-replay: server stopped", file=sys.stderr, flush=True)
