@@ -1,8 +1,11 @@
-"""Numbers from command-line text, checked once: one line naming the option, the value and the rule."""
+"""Command-line options, declared once (`Option` and the catalog of options that several commands
+share), and numbers from their text, checked once: one line naming the option, the value and the rule."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
+from typing import Any
 
 from hstu_replay.errors import ConfigError
 
@@ -30,3 +33,130 @@ def numbers(flag: str, text: str, low: float | None = None, high: float | None =
     if not any(parts) or not all(parts):
         raise ConfigError(f"{flag} {text!r}: give comma-separated numbers")
     return tuple(number(flag, p, low, high, above=above, integral=integral) for p in parts)
+
+
+# -- declaring options ------------------------------------------------------------------------
+
+_GIVEN = object()  # "no override": the option's own default or help
+#: what Locust's parser takes beside argparse's keywords; set on the action for parsers and groups that do not
+LOCUST_KEYWORDS = ("include_in_web_ui", "is_secret", "is_required", "is_multiple")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One command-line option, declared once: its flag, meaning (help), default and type.
+
+    `add_to` registers it on an argparse parser or argument group, or on Locust's (configargparse)
+    parser. A command that checks its options itself, one line per refusal (`number`, `numbers`),
+    registers it `text=True`: argparse then keeps the text, and the default is the default's text.
+    A flag without a leading dash is a positional argument; `type=bool` is a switch (store_true).
+    """
+
+    flag: str
+    help: str
+    default: Any = None
+    type: type | None = None  # int, float, bool (a switch) or None: text
+    metavar: str | None = None
+    dest: str | None = None
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def name(self) -> str:
+        """The attribute argparse stores it under."""
+        return self.dest or self.flag.lstrip("-").replace("-", "_")
+
+    def but(self, **changes: Any) -> Option:
+        """The same option with some fields changed (another flag for one meaning, say)."""
+        return replace(self, **changes)
+
+    def add_to(self, parser: Any, *, default: Any = _GIVEN, help: str | None = None, text: bool = False,
+               **extra: Any):
+        """Add to `parser` and return the action; `default`/`help` replace the option's own for one
+        command, `extra` goes to `add_argument` (required, env_var, ...; Locust's include_in_web_ui
+        and is_secret too)."""
+        default = self.default if default is _GIVEN else default
+        locust = {k: extra.pop(k) for k in LOCUST_KEYWORDS if k in extra}
+        kwargs: dict[str, Any] = {"help": _with_default(self.help if help is None else help, default)}
+        if self.type is bool:
+            kwargs["action"] = "store_true"
+        else:
+            kwargs["default"] = str(default) if text and default is not None else default
+            if self.type is not None and not text:
+                kwargs["type"] = self.type
+            if self.metavar is not None:
+                kwargs["metavar"] = self.metavar
+            if self.choices is not None:
+                kwargs["choices"] = self.choices
+        if self.flag.startswith("-"):
+            kwargs["dest"] = self.name
+        else:  # a positional argument: its name is its dest, and it is always given
+            kwargs.pop("default", None)
+        action = parser.add_argument(self.flag, **{**kwargs, **extra})
+        for key, value in locust.items():
+            setattr(action, key, value)
+        return action
+
+
+def _with_default(text: str, default: Any) -> str:
+    """The help, naming the default where there is one worth naming and the help does not already."""
+    if default is None or default is False or default == "" or "default" in text:
+        return text
+    return f"{text} (default %(default)s)"
+
+
+# -- the options several commands share: one declaration, one default per meaning ------------
+# Where two options share a flag but not a meaning, each has its own entry and its name says which.
+
+# the Triton address and model
+TRITON_URL = Option("--triton-url", "Triton host:port", "127.0.0.1:8001")
+TRITON_PROTOCOL = Option("--triton-protocol", "grpc or http", "grpc")
+TRITON_MODEL = Option("--triton-model", "model", "hstu_gr_ranking_kvcache")
+
+# the data replayed
+WORKLOAD = Option("--workload", "sessions (--store) or dumps (--dump-dir)", "sessions")
+STORE = Option("--store", "prepared KuaiRand store", metavar="STORE")
+DUMP_DIR = Option("--dump-dir", "NVIDIA-format dump directory", metavar="DIR")
+CANDIDATES = Option("--candidates", "candidates ranked per user", 16, int)
+#: the published model's limit, what the load test sends by default
+MAX_HISTORY = Option("--max-history", "longest history in items", 4096, int)
+#: the small CPU model's limit (`--config small`, the built-in server's default)
+SMALL_MAX_HISTORY = MAX_HISTORY.but(help="longest history in items (default %(default)s: the small model's limit)",
+                                    default=256)
+#: what a model is built and dumped with: its config's maximum unless given
+MODEL_MAX_HISTORY = MAX_HISTORY.but(help="longest history in items (default: the model's maximum)", default=None)
+MAX_VALUES = Option("--max-values", "largest len(values) the model takes", 40_000, int)
+REPLAY_SEED = Option("--replay-seed", "seed of the user order", 0, int, dest="seed")
+
+# the requests
+HIT_RATIOS = Option("--hit-ratios", "target KV-cache hit ratios, one stage (or search) each", "0,0.5,1.0")
+BATCH_SIZE = Option("--batch-size", "users per request, 1..8", 1, int)
+#: natural replay: requests group the visits of one time slice, up to this many
+VISITS_PER_REQUEST = BATCH_SIZE.but(help="most visits per request, 1..8")
+#: the load test's sweep
+BATCH_SIZES = Option("--batch-sizes", "users per request (1..8), one sweep each", "1")
+#: the published protocol's batch-size scaling table
+SCALING_BATCH_SIZES = BATCH_SIZES.but(help="batch sizes of the scaling table", default="1,2,4,8")
+TIME_SLICE_MS = Option("--time-slice-ms", "visits of one slice of log time share a request (0: one visit each)", 0,
+                       int)
+REQUEST_RATE = Option("--request-rate", "offered requests per second, all users together", type=float)
+WARMUP_SECONDS = Option("--warmup-seconds", "warm-up seconds before each measured window", 2.0, float)
+
+# the server's KV cache and the answers
+PAGE_TOKENS = Option("--page-tokens", "KV-cache page size in tokens", 32, int)
+BUDGETS = Option("--budgets", "KV-cache budgets in tokens, comma-separated", metavar="TOKENS,...")
+TOLERANCE = Option("--tolerance", "max absolute logit difference accepted", 0.0625, float)
+
+# capacity's service-level objective
+SLO_P99_MS = Option("--slo-p99-ms", "SLO: p99 latency in ms", type=float)
+SLO_ERROR_RATIO = Option("--slo-error-ratio", "SLO: largest failure ratio", 0.01, float)
+
+# the reference server's model, built, served and dumped
+REPOSITORY = Option("--repository", "Triton model repository", "runs/model_repository")
+MODEL_CONFIG = Option("--config", "model config: small, kuairand-1k, kuairand-1k-8l", "small")
+WEIGHTS_SEED = Option("--seed", "weights seed", 0, int)
+DEVICE = Option("--device", "cpu, cuda or auto", "auto")
+THREADS = Option("--threads", "CPU threads of the model (0: OMP_NUM_THREADS if set, else the usable cores minus one: "
+                 "beside other work a model on every core slows down several-fold)", 0, int)
+DUMP_BATCHES = Option("--batches", "dump batches: batch 0 is the warm-up, the rest measured", 16, int)
+DUMP_BATCH_SIZE = Option("--batch-size", "users per dump batch", 4, int)
+DUMP_SEED = Option("--dump-seed", "seed of the users drawn into the dump", 0, int)

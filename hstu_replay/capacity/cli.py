@@ -11,11 +11,16 @@ import shlex
 import sys
 from pathlib import Path
 
-from hstu_replay.arguments import number, numbers
+from hstu_replay.arguments import (
+    BATCH_SIZE, BUDGETS, CANDIDATES, DUMP_DIR, HIT_RATIOS, MAX_HISTORY, PAGE_TOKENS, REPOSITORY, REQUEST_RATE,
+    SLO_ERROR_RATIO, SLO_P99_MS, SMALL_MAX_HISTORY, STORE, TIME_SLICE_MS, TRITON_MODEL, TRITON_PROTOCOL, TRITON_URL,
+    VISITS_PER_REQUEST, WARMUP_SECONDS, WORKLOAD, Option, number, numbers,
+)
 from hstu_replay.errors import ConfigError
 
 NO_SUSTAINABLE_STEP_EXIT = 3
 STEP_TIMEOUT_SLACK_S = 120.0  # Locust start, interface detection, priming and shutdown on top of the stage
+STEP_SECONDS = Option("--step-seconds", "measured seconds per step", 10)
 
 #: workload options handed to every step as given: capacity option -> Locust option
 PASS_THROUGH = ("--workload", "--store", "--dump-dir", "--triton-url", "--triton-protocol", "--max-history",
@@ -33,59 +38,63 @@ def add_commands(groups) -> None:
     actions = capacity.add_subparsers(dest="capacity_command", required=True, metavar="ACTION")
     run = actions.add_parser("run", help="step the load per hit ratio until the SLO breaks; size the fleet",
                              description=__doc__.splitlines()[0])
-    opt = run.add_argument
-    opt("--hit-ratios", default="0,0.5,1.0",
-        help="target KV-cache hit ratios, searched one by one (default %(default)s)")
-    opt("--users-steps", metavar="N,N,...", help="closed loop: concurrent users per step, ascending")
-    opt("--rate-steps", metavar="R,R,...", help="open loop (Poisson): offered requests/s per step, ascending")
-    opt("--rate-users", default="8", help="users sending the open-loop rate steps (default %(default)s)")
-    opt("--slo-p99-ms", help="SLO: p99 latency in ms (open loop: from the intended send time); required")
-    opt("--slo-error-ratio", default="0.01", help="SLO: largest failure ratio (default %(default)s)")
-    opt("--target-rps", help="logical requests/s the fleet must serve: servers (and Locust workers) needed "
-                             "per hit ratio")
-    opt("--worker-cpu-share", default="0.7",
-        help="share of one core a Locust worker is planned to use, for the workers needed (default %(default)s)")
-    opt("--batch-size", default="1", help="users per request, 1..8 (default %(default)s)")
-    opt("--step-seconds", default="10", help="measured seconds per step (default %(default)s)")
-    opt("--warmup-seconds", default="2", help="warm-up seconds before each step's window (default %(default)s)")
-    opt("--step-timeout", help=f"seconds before a step is stopped (default: warm-up + step + {STEP_TIMEOUT_SLACK_S:g})")
-    opt("--workload", default="sessions", help="sessions (--store) or dumps (--dump-dir) (default %(default)s)")
-    opt("--store", help="prepared KuaiRand store (sessions)")
-    opt("--dump-dir", help="NVIDIA-format dump directory (dumps)")
-    opt("--triton-url", help="Triton host:port (Locust's default 127.0.0.1:8001)")
-    opt("--triton-protocol", help="grpc or http")
-    opt("--triton-model", default="hstu_gr_ranking_kvcache", help="model (default %(default)s)")
-    opt("--max-history", help="longest history sent, in items")
-    opt("--candidates", help="candidates ranked per user (sessions)")
-    opt("--locust-args", default="",
-        help='more Locust arguments for every step, e.g. --locust-args="--master --expect-workers 2"')
-    opt("--metrics-url", help="Triton's Prometheus endpoint, e.g. 127.0.0.1:8002: per-step queue/compute deltas")
-    opt("--cache-metrics-url", help="our target's KV-cache counters, e.g. 127.0.0.1:8003")
-    opt("--out", default="runs/capacity", help="output directory (default %(default)s)")
+    HIT_RATIOS.add_to(run, help="target KV-cache hit ratios, searched one by one", text=True)
+    Option("--users-steps", "closed loop: concurrent users per step, ascending", metavar="N,N,...").add_to(run)
+    Option("--rate-steps", "open loop (Poisson): offered requests/s per step, ascending",
+           metavar="R,R,...").add_to(run)
+    Option("--rate-users", "users sending the open-loop rate steps", 8).add_to(run, text=True)
+    SLO_P99_MS.add_to(run, help="SLO: p99 latency in ms (open loop: from the intended send time); required", text=True)
+    SLO_ERROR_RATIO.add_to(run, text=True)
+    Option("--target-rps", "logical requests/s the fleet must serve: servers (and Locust workers) needed "
+                           "per hit ratio").add_to(run)
+    Option("--worker-cpu-share", "share of one core a Locust worker is planned to use, for the workers needed",
+           0.7).add_to(run, text=True)
+    BATCH_SIZE.add_to(run, text=True)
+    STEP_SECONDS.add_to(run, text=True)
+    WARMUP_SECONDS.add_to(run, text=True)
+    Option("--step-timeout", f"seconds before a step is stopped (default: warm-up + step + "
+                             f"{STEP_TIMEOUT_SLACK_S:g})").add_to(run)
+    # workload options: none is set here unless given, so each step gets the load test's own default
+    WORKLOAD.add_to(run, text=True)
+    STORE.add_to(run, help="prepared KuaiRand store (sessions)", metavar=None)
+    DUMP_DIR.add_to(run, help="NVIDIA-format dump directory (dumps)", metavar=None)
+    TRITON_URL.add_to(run, default=None, help="Triton host:port (Locust's default 127.0.0.1:8001)")
+    TRITON_PROTOCOL.add_to(run, default=None)
+    TRITON_MODEL.add_to(run, text=True)
+    MAX_HISTORY.add_to(run, default=None, help="longest history sent, in items", text=True)
+    CANDIDATES.add_to(run, default=None, help="candidates ranked per user (sessions)", text=True)
+    Option("--locust-args", 'more Locust arguments for every step, e.g. --locust-args="--master --expect-workers 2"',
+           "").add_to(run)
+    Option("--metrics-url", "Triton's Prometheus endpoint, e.g. 127.0.0.1:8002: per-step queue/compute deltas"
+           ).add_to(run)
+    Option("--cache-metrics-url", "our target's KV-cache counters, e.g. 127.0.0.1:8003").add_to(run)
+    Option("--out", "output directory", "runs/capacity").add_to(run)
     run.set_defaults(func=_run)
 
     natural = actions.add_parser("natural", help="the smallest KV cache (and servers) meeting an SLO under "
                                                  "natural replay: budgets picked from the curve, each measured")
-    opt = natural.add_argument
-    opt("--store", help="prepared KuaiRand store to replay naturally; required")
-    opt("--repository", help="model repository of the built-in target, started once per budget; required")
-    opt("--slo-p99-ms", help="SLO: p99 latency in ms, from the intended send time; required")
-    opt("--slo-error-ratio", default="0.01", help="SLO: largest failure ratio (default %(default)s)")
-    opt("--request-rate", help="traffic: requests/s over all servers; required")
-    opt("--curve-ratios", default="0.5,0.8,0.9,0.95",
-        help="measure the budgets where the curve reaches these hit ratios (default %(default)s)")
-    opt("--budgets", help="measure these budgets (tokens) instead of picking them from the curve")
-    opt("--max-servers", default="1", help="split users and traffic over up to this many servers (default %(default)s)")
-    opt("--users", default="4", help="Locust users sending the replay (default %(default)s)")
-    opt("--batch-size", default="1", help="most visits per request, 1..8 (default %(default)s)")
-    opt("--time-slice-ms", default="0", help="visits of one slice of log time share a request (default %(default)s)")
-    opt("--step-seconds", default="20", help="measured seconds per budget (default %(default)s)")
-    opt("--warmup-seconds", default="5", help="warm-up seconds before each window (default %(default)s)")
-    opt("--candidates", default="16", help="candidates per visit, at most (default %(default)s)")
-    opt("--max-history", default="256", help="longest history in items (default %(default)s)")
-    opt("--page-tokens", default="32", help="KV-cache page size in tokens (default %(default)s)")
-    opt("--serve-args", default="", help='more `server serve` arguments, e.g. --serve-args="--threads 1"')
-    opt("--out", default="runs/capacity-natural", help="output directory (default %(default)s)")
+    STORE.add_to(natural, help="prepared KuaiRand store to replay naturally; required", metavar=None)
+    REPOSITORY.add_to(natural, default=None,
+                      help="model repository of the built-in target, started once per budget; required")
+    SLO_P99_MS.add_to(natural, help="SLO: p99 latency in ms, from the intended send time; required", text=True)
+    SLO_ERROR_RATIO.add_to(natural, text=True)
+    REQUEST_RATE.add_to(natural, help="traffic: requests/s over all servers; required", text=True)
+    Option("--curve-ratios", "measure the budgets where the curve reaches these hit ratios",
+           "0.5,0.8,0.9,0.95").add_to(natural)
+    BUDGETS.add_to(natural, help="measure these budgets (tokens) instead of picking them from the curve",
+                   metavar=None)
+    Option("--max-servers", "split users and traffic over up to this many servers", 1).add_to(natural, text=True)
+    Option("--users", "Locust users sending the replay", 4).add_to(natural, text=True)
+    VISITS_PER_REQUEST.add_to(natural, text=True)
+    TIME_SLICE_MS.add_to(natural, help="visits of one slice of log time share a request", text=True)
+    # a cache is measured warm: longer windows than a load step's
+    STEP_SECONDS.add_to(natural, default=20, help="measured seconds per budget", text=True)
+    WARMUP_SECONDS.add_to(natural, default=5, help="warm-up seconds before each window", text=True)
+    CANDIDATES.add_to(natural, help="candidates per visit, at most", text=True)
+    SMALL_MAX_HISTORY.add_to(natural, text=True)  # the built-in target serves the small model
+    PAGE_TOKENS.add_to(natural, text=True)
+    Option("--serve-args", 'more `server serve` arguments, e.g. --serve-args="--threads 1"', "").add_to(natural)
+    Option("--out", "output directory", "runs/capacity-natural").add_to(natural)
     natural.set_defaults(func=_natural)
 
 
