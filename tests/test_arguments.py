@@ -26,3 +26,35 @@ def test_refusals_name_option_value_and_rule(call, message):
     with pytest.raises(ConfigError) as exc:
         call()
     assert str(exc.value) == message
+
+
+def test_an_option_declared_once_adds_to_any_parser():
+    import argparse
+
+    import configargparse  # what Locust's parser is (importing locust here would monkey-patch the test process)
+
+    from hstu_replay.arguments import CANDIDATES, MAX_HISTORY, REPLAY_SEED, SMALL_MAX_HISTORY, Option
+
+    plain = argparse.ArgumentParser()
+    CANDIDATES.add_to(plain)
+    SMALL_MAX_HISTORY.add_to(plain)
+    REPLAY_SEED.add_to(plain)
+    Option("--json", "as JSON", type=bool).add_to(plain)
+    Option("store", "a store").add_to(plain)
+    assert vars(plain.parse_args(["s"])) == {"candidates": 16, "max_history": 256, "seed": 0, "json": False,
+                                             "store": "s"}
+    assert plain.parse_args(["s", "--candidates", "3", "--replay-seed", "7", "--json"]).candidates == 3
+    shown = " ".join(plain.format_help().split())
+    assert "(default 16)" in shown and "(default 256: the small model's limit)" in shown
+
+    text = argparse.ArgumentParser()  # a command that checks the text itself, one line per refusal
+    MAX_HISTORY.add_to(text, text=True)
+    CANDIDATES.add_to(text, default=None, text=True)
+    assert vars(text.parse_args([])) == {"max_history": "4096", "candidates": None}
+
+    locust = configargparse.ArgumentParser()
+    group = locust.add_argument_group("hstu-replay")  # an argument group takes no include_in_web_ui: set on the action
+    action = CANDIDATES.add_to(group, include_in_web_ui=False, env_var="LOCUST_CANDIDATES")
+    secret = Option("--token", "a secret", "").add_to(locust, include_in_web_ui=True, is_secret=True)
+    assert (action.include_in_web_ui, secret.include_in_web_ui, secret.is_secret) == (False, True, True)
+    assert locust.parse_args([], env_vars={"LOCUST_CANDIDATES": "5"}).candidates == 5

@@ -12,7 +12,10 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hstu_replay.arguments import number, numbers
+from hstu_replay.arguments import (
+    CANDIDATES, DUMP_DIR, MAX_HISTORY, MAX_VALUES, SCALING_BATCH_SIZES, STORE, TOLERANCE, TRITON_PROTOCOL,
+    TRITON_URL, Option, number, numbers,
+)
 from hstu_replay.client.triton import ClientOptions, TritonClient
 from hstu_replay.errors import ConfigError, InputError, LimitError
 from hstu_replay.interface import INTERFACES, Limits
@@ -32,26 +35,26 @@ def add_commands(groups) -> None:
     actions = bench.add_subparsers(dest="bench_command", required=True, metavar="ACTION")
     p = actions.add_parser("protocol", help="NVIDIA's benchmark protocol: backend comparison and batch-size scaling",
                            description=__doc__.splitlines()[0])
-    opt = p.add_argument
-    opt("--triton-url", default="127.0.0.1:8001", help="Triton host:port (default %(default)s)")
-    opt("--triton-protocol", default="grpc", help="grpc or http (default %(default)s)")
-    opt("--dump-dir", metavar="DIR", help="NVIDIA-format dump directory (answers checked against its logits)")
-    opt("--store", metavar="STORE", help="prepared store: each user's latest events, no reference logits")
-    opt("--models", default=DEFAULT_MODELS, help="models measured at the backend batch (default %(default)s)")
-    opt("--backend-batch", default="2", help="batch size of the backend comparison (default %(default)s, NVIDIA's)")
-    opt("--batch-sizes", default="1,2,4,8",
-        help=f"batch sizes of the {SCALING_MODEL} scaling table (default %(default)s)")
-    opt("--cases", default="", help="measured calls per pass (default: as many as the users allow)")
-    opt("--repeats", default="3", help="passes of a model without cache, averaged (default %(default)s, NVIDIA's)")
-    opt("--sleep", default="1.0", help="seconds slept after the warm-up call, not timed (default %(default)s)")
-    opt("--candidates", default="16", help="candidates per user, --store (default %(default)s)")
-    opt("--max-history", default="4096", help="longest history in items, --store (default %(default)s)")
-    opt("--max-values", default="40000", help="largest len(values) the model takes (default %(default)s)")
-    opt("--tolerance", default="0.0625", help="max absolute logit difference accepted (default %(default)s)")
-    opt("--hardware", default="hardware not named",
-        help="what the server runs on, printed beside our figures (e.g. 'NVIDIA H200')")
-    opt("--timeout", default="120", help="seconds before one call counts as failed (default %(default)s)")
-    opt("--out", default="", help="folder for protocol.json and protocol.html")
+    TRITON_URL.add_to(p, text=True)
+    TRITON_PROTOCOL.add_to(p, text=True)
+    DUMP_DIR.add_to(p, help="NVIDIA-format dump directory (answers checked against its logits)")
+    STORE.add_to(p, help="prepared store: each user's latest events, no reference logits")
+    Option("--models", "models measured at the backend batch", DEFAULT_MODELS).add_to(p)
+    Option("--backend-batch", "batch size of the backend comparison (default %(default)s, NVIDIA's)", 2
+           ).add_to(p, text=True)
+    SCALING_BATCH_SIZES.add_to(p, help=f"batch sizes of the {SCALING_MODEL} scaling table")
+    Option("--cases", "measured calls per pass (default: as many as the users allow)", "").add_to(p)
+    Option("--repeats", "passes of a model without cache, averaged (default %(default)s, NVIDIA's)", 3
+           ).add_to(p, text=True)
+    Option("--sleep", "seconds slept after the warm-up call, not timed", 1.0).add_to(p, text=True)
+    CANDIDATES.add_to(p, help="candidates per user, --store", text=True)
+    MAX_HISTORY.add_to(p, help="longest history in items, --store", text=True)
+    MAX_VALUES.add_to(p, text=True)
+    TOLERANCE.add_to(p, text=True)
+    Option("--hardware", "what the server runs on, printed beside our figures (e.g. 'NVIDIA H200')",
+           "hardware not named").add_to(p)
+    Option("--timeout", "seconds before one call counts as failed", 120).add_to(p, text=True)
+    Option("--out", "folder for protocol.json and protocol.html", "").add_to(p)
     p.set_defaults(func=_protocol)
 
 

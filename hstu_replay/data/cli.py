@@ -10,7 +10,10 @@ import json
 import sys
 import time
 
+from hstu_replay.arguments import Option
 from hstu_replay.errors import ConfigError
+
+STORED = Option("store", "prepared store", metavar="STORE")
 
 
 def add_commands(groups) -> None:
@@ -18,40 +21,28 @@ def add_commands(groups) -> None:
     actions = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
 
     synth = actions.add_parser("synth", help="write synthetic raw files of the KuaiRand-1K schema")
-    synth.add_argument("--out", required=True, metavar="RAW_DIR", help="folder for the 4 CSVs")
-    synth.add_argument("--users", type=int, help="number of users")
-    synth.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    synth.add_argument(
-        "--scale",
-        type=float,
-        help="events per user relative to the real ~11.7k (default 1.0)",
-    )
-    synth.add_argument(
-        "--full",
-        action="store_true",
-        help="the real size: 1,000 users, ~11.7M standard events, ~4.4M videos (~0.9 GB)",
-    )
+    Option("--out", "folder for the 4 CSVs", metavar="RAW_DIR").add_to(synth, required=True)
+    Option("--users", "number of users", type=int).add_to(synth)
+    Option("--seed", "random seed", 0, int).add_to(synth)
+    Option("--scale", "events per user relative to the real ~11.7k (default 1.0)", type=float).add_to(synth)
+    Option("--full", "the real size: 1,000 users, ~11.7M standard events, ~4.4M videos (~0.9 GB)", type=bool
+           ).add_to(synth)
     synth.set_defaults(func=_synth)
 
     prepare = actions.add_parser("prepare", help="build the sequence store from raw files")
-    prepare.add_argument("raw_dir", metavar="RAW_DIR", help="folder holding the KuaiRand-1K CSVs")
-    prepare.add_argument("--out", required=True, metavar="STORE", help="store directory")
-    prepare.add_argument(
-        "--include-random",
-        action="store_true",
-        help="also append the random-exposure log's events (NVIDIA's pipeline does not)",
-    )
+    Option("raw_dir", "folder holding the KuaiRand-1K CSVs", metavar="RAW_DIR").add_to(prepare)
+    Option("--out", "store directory", metavar="STORE").add_to(prepare, required=True)
+    Option("--include-random", "also append the random-exposure log's events (NVIDIA's pipeline does not)",
+           type=bool).add_to(prepare)
     prepare.set_defaults(func=_prepare)
 
     inspect = actions.add_parser("inspect", help="summarize a store")
-    inspect.add_argument("store", metavar="STORE")
-    inspect.add_argument(
-        "--json", action="store_true", help="one JSON object with per-user digests"
-    )
+    STORED.add_to(inspect)
+    Option("--json", "one JSON object with per-user digests", type=bool).add_to(inspect)
     inspect.set_defaults(func=_inspect)
 
     verify = actions.add_parser("verify", help="recompute a store's checksum")
-    verify.add_argument("store", metavar="STORE")
+    STORED.add_to(verify)
     verify.set_defaults(func=_verify)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from hstu_replay.arguments import Option
 from hstu_replay.dumps.reader import LOGITS, DumpBatch, read_dump, read_dump_feature_keys
 
 
@@ -16,9 +17,8 @@ def add_commands(groups: Any) -> None:
     dump = groups.add_parser("dump", help="read NVIDIA reference dump directories")
     commands = dump.add_subparsers(dest="dump_command", required=True, metavar="COMMAND")
     inspect = commands.add_parser("inspect", help="summarise each batch of a dump directory")
-    inspect.add_argument("directory", metavar="DIR", help="directory of batch_NNNNNN_*.pt files")
-    inspect.add_argument("--json", action="store_true",
-                         help="print one JSON object with dtype, shape, min, max, sum per tensor")
+    Option("directory", "directory of batch_NNNNNN_*.pt files", metavar="DIR").add_to(inspect)
+    Option("--json", "print one JSON object with dtype, shape, min, max, sum per tensor", type=bool).add_to(inspect)
     inspect.set_defaults(func=inspect_command)
 
 

@@ -6,6 +6,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from hstu_replay.arguments import (
+    CANDIDATES, DEVICE, DUMP_BATCH_SIZE, DUMP_BATCHES, DUMP_SEED, MODEL_CONFIG, MODEL_MAX_HISTORY, STORE, THREADS,
+    TOLERANCE, TRITON_PROTOCOL, WEIGHTS_SEED, Option,
+)
 from hstu_replay.flow.server import Ports
 
 
@@ -16,25 +20,25 @@ def add_commands(groups: Any) -> None:
     l0 = commands.add_parser(
         "l0", help="export -> C++ reference dump -> torch_aoti repository -> serve -> client replay checked "
                    "against the C++ reference -> teardown (exit 0 pass, 1 mismatch or server failure, 2 bad input)")
-    l0.add_argument("--out", required=True, help="folder for every artifact; emptied of the flow's own entries first")
-    l0.add_argument("--config", default="small", help="model config: small, kuairand-1k, kuairand-1k-8l")
-    l0.add_argument("--store", default=None, help="prepared KuaiRand store (default: 16 synthetic users under --out)")
-    l0.add_argument("--export-from", default=None, metavar="REPOSITORY",
-                    help="copy this compiled repository (same config, seed, device) instead of compiling")
-    l0.add_argument("--batches", type=int, default=8, help="dump batches: batch 0 is the warm-up, the rest measured")
-    l0.add_argument("--batch-size", type=int, default=4)
-    l0.add_argument("--candidates", type=int, default=16)
-    l0.add_argument("--max-history", type=int, default=None, help="default: the model's maximum")
-    l0.add_argument("--seed", type=int, default=0, help="weights seed")
-    l0.add_argument("--dump-seed", type=int, default=0)
-    l0.add_argument("--tolerance", type=float, default=0.0625, help="max absolute logit difference accepted")
-    l0.add_argument("--protocol", default="grpc", choices=("grpc", "http"))
-    l0.add_argument("--device", default="auto", help="cpu, cuda or auto")
-    l0.add_argument("--threads", type=int, default=0, help="the server model's CPU threads (0: its default policy)")
-    l0.add_argument("--ready-timeout", type=float, default=300.0, help="seconds for the model to become ready")
-    l0.add_argument("--pause", type=float, default=1.0, help="seconds after the warm-up (NVIDIA's client sleeps 1)")
-    l0.add_argument("--ports", default=None, metavar="HTTP,GRPC,METRICS,CACHE_METRICS",
-                    help="server ports (default: free ones on 127.0.0.1)")
+    Option("--out", "folder for every artifact; emptied of the flow's own entries first").add_to(l0, required=True)
+    MODEL_CONFIG.add_to(l0)
+    STORE.add_to(l0, help="prepared KuaiRand store (default: 16 synthetic users under --out)", metavar=None)
+    Option("--export-from", "copy this compiled repository (same config, seed, device) instead of compiling",
+           metavar="REPOSITORY").add_to(l0)
+    DUMP_BATCHES.add_to(l0, default=8)  # one warm-up and seven measured batches keep the flow short
+    DUMP_BATCH_SIZE.add_to(l0)
+    CANDIDATES.add_to(l0)
+    MODEL_MAX_HISTORY.add_to(l0)
+    WEIGHTS_SEED.add_to(l0)
+    DUMP_SEED.add_to(l0)
+    TOLERANCE.add_to(l0)
+    TRITON_PROTOCOL.but(flag="--protocol", choices=("grpc", "http")).add_to(l0)
+    DEVICE.add_to(l0)
+    THREADS.add_to(l0, help="the server model's CPU threads (0: its default policy)")
+    Option("--ready-timeout", "seconds for the model to become ready", 300.0, float).add_to(l0)
+    Option("--pause", "seconds after the warm-up (NVIDIA's client sleeps 1)", 1.0, float).add_to(l0)
+    Option("--ports", "server ports (default: free ones on 127.0.0.1)",
+           metavar="HTTP,GRPC,METRICS,CACHE_METRICS").add_to(l0)
     l0.set_defaults(func=_l0)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import hstu_replay.native.replay as native
+from hstu_replay.arguments import DUMP_DIR, REPOSITORY, TOLERANCE, Option
 
 
 def add_commands(groups: Any) -> None:
@@ -23,24 +24,22 @@ def add_commands(groups: Any) -> None:
         "replay", help="run every dump batch through the package in C++ and compare with its logits "
                        "(exit 0 all within tolerance, 2 some batch is not)")
     source = replay.add_mutually_exclusive_group(required=True)
-    source.add_argument("--repository", help="Triton repository: uses its hstu_gr_ranking/1/model.pt2")
-    source.add_argument("--package", help="an AOTInductor package taking (values, lengths, num_candidates)")
-    replay.add_argument("--dump-dir", required=True, help="directory of batch_NNNNNN_*.pt files")
-    replay.add_argument("--tolerance", type=float, default=native.DEFAULT_TOLERANCE,
-                        help="max absolute logit difference accepted")
+    REPOSITORY.add_to(source, default=None, help="Triton repository: uses its hstu_gr_ranking/1/model.pt2")
+    Option("--package", "an AOTInductor package taking (values, lengths, num_candidates)").add_to(source)
+    DUMP_DIR.add_to(replay, help="directory of batch_NNNNNN_*.pt files", required=True, metavar=None)
+    TOLERANCE.add_to(replay)
     written = replay.add_mutually_exclusive_group()
-    written.add_argument("--write-reference", metavar="NAME",
-                         help="also write the C++ outputs as batch_NNNNNN_<NAME>.pt into the dump directory")
-    written.add_argument("--produce-reference", action="store_true",
-                         help="write the C++ outputs as batch_NNNNNN_compiled_logits.pt into a dump that has no "
-                              "reference logits yet (nothing is compared)")
-    replay.add_argument("--timeout", type=float, default=native.REPLAY_TIMEOUT_S, help="seconds for the whole replay")
+    Option("--write-reference", "also write the C++ outputs as batch_NNNNNN_<NAME>.pt into the dump directory",
+           metavar="NAME").add_to(written)
+    Option("--produce-reference", "write the C++ outputs as batch_NNNNNN_compiled_logits.pt into a dump that has "
+                                  "no reference logits yet (nothing is compared)", type=bool).add_to(written)
+    Option("--timeout", "seconds for the whole replay", native.REPLAY_TIMEOUT_S, float).add_to(replay)
     _build_dir_arg(replay)
     replay.set_defaults(func=_replay)
 
 
 def _build_dir_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--build-dir", default=None, help=f"CMake build directory (default {native.DEFAULT_BUILD_DIR})")
+    Option("--build-dir", f"CMake build directory (default {native.DEFAULT_BUILD_DIR})").add_to(parser)
 
 
 def _build(args: argparse.Namespace) -> int:

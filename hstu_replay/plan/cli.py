@@ -11,6 +11,10 @@ import argparse
 import time
 from pathlib import Path
 
+from hstu_replay.arguments import (
+    BATCH_SIZE, BUDGETS, CANDIDATES, DUMP_DIR, MAX_HISTORY, MAX_VALUES, PAGE_TOKENS, REPLAY_SEED, SMALL_MAX_HISTORY,
+    STORE, TIME_SLICE_MS, TRITON_MODEL, VISITS_PER_REQUEST, Option,
+)
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import INTERFACES, Limits, ModelInterface
 from hstu_replay.plan.keys import KeyAllocator
@@ -23,40 +27,36 @@ def add_commands(groups) -> None:
     actions = plan.add_subparsers(dest="plan_command", required=True, metavar="ACTION")
     export = actions.add_parser("export-perf-analyzer",
                                 help="write planned requests as perf_analyzer --input-data JSON")
-    export.add_argument("--dump-dir", metavar="DIR", help="replay the users of this NVIDIA-format dump")
-    export.add_argument("--store", metavar="STORE", help="replay sessions of this prepared store")
-    export.add_argument("--out", required=True, metavar="TRACE_JSON", help="JSON file to write")
-    export.add_argument("--model", default="hstu_gr_ranking_kvcache",
-                        help=f"model whose inputs are written: {', '.join(MODELS)} (default %(default)s)")
-    export.add_argument("--hit-ratio", type=float,
-                        help="target KV-cache hit ratio (default 0.5; 0 for a model without cache)")
-    export.add_argument("--batch-size", type=int, default=8, help="users per request, 1..8 (default 8)")
-    export.add_argument("--requests", type=int, default=100,
-                        help="measured requests; priming requests come on top (default 100)")
-    export.add_argument("--candidates", type=int, default=16, help="candidates per user, sessions (default 16)")
-    export.add_argument("--max-history", type=int, default=256, help="longest history in items (default 256)")
-    export.add_argument("--max-values", type=int, default=40_000,
-                        help="largest len(values) the model takes (default 40000)")
-    export.add_argument("--seed", type=int, default=0, help="seed of the user order (default 0)")
-    export.add_argument("--worker-index", type=int, default=0,
-                        help="owner of the cache keys: give each concurrent perf_analyzer its own (default 0)")
-    export.add_argument("--key-nonce", type=int,
-                        help="fixed run nonce of the cache keys (default random: fresh keys every export)")
+    DUMP_DIR.add_to(export, help="replay the users of this NVIDIA-format dump")
+    STORE.add_to(export, help="replay sessions of this prepared store")
+    Option("--out", "JSON file to write", metavar="TRACE_JSON").add_to(export, required=True)
+    TRITON_MODEL.but(flag="--model").add_to(export, help=f"model whose inputs are written: {', '.join(MODELS)}")
+    Option("--hit-ratio", "target KV-cache hit ratio (default 0.5; 0 for a model without cache)", type=float
+           ).add_to(export)
+    # perf_analyzer replays one trace file: full requests by default
+    BATCH_SIZE.add_to(export, default=8)
+    Option("--requests", "measured requests; priming requests come on top", 100, int).add_to(export)
+    CANDIDATES.add_to(export, help="candidates per user, sessions")
+    SMALL_MAX_HISTORY.add_to(export)
+    MAX_VALUES.add_to(export)
+    REPLAY_SEED.but(flag="--seed", dest=None).add_to(export)
+    Option("--worker-index", "owner of the cache keys: give each concurrent perf_analyzer its own", 0, int
+           ).add_to(export)
+    Option("--key-nonce", "fixed run nonce of the cache keys (default random: fresh keys every export)", type=int
+           ).add_to(export)
     export.set_defaults(func=_export)
 
     curve = actions.add_parser("cache-curve", help="hit ratio vs KV-cache budget of a store's natural replay")
-    curve.add_argument("--store", required=True, metavar="STORE", help="prepared store to replay")
-    curve.add_argument("--budgets", default="", metavar="TOKENS,...",
-                       help="budgets (tokens) to report, e.g. 100000,1000000 (the whole curve is written anyway)")
-    curve.add_argument("--out", metavar="DIR", help="write curve.json, curve.csv and curve.png here")
-    curve.add_argument("--candidates", type=int, default=16, help="candidates per visit, at most (default 16)")
-    curve.add_argument("--max-history", type=int, default=4096, help="longest history in items (default 4096)")
-    curve.add_argument("--max-values", type=int, default=40_000,
-                       help="largest len(values) the model takes (default 40000)")
-    curve.add_argument("--batch-size", type=int, default=1, help="most visits per request, 1..8 (default 1)")
-    curve.add_argument("--time-slice-ms", type=int, default=0,
-                       help="visits of one time slice share a request (default 0: one visit per request)")
-    curve.add_argument("--page-tokens", type=int, default=32, help="KV-cache page size in tokens (default 32)")
+    STORE.add_to(curve, help="prepared store to replay", required=True)
+    BUDGETS.add_to(curve, default="", help="budgets (tokens) to report, e.g. 100000,1000000 "
+                                           "(the whole curve is written anyway)")
+    Option("--out", "write curve.json, curve.csv and curve.png here", metavar="DIR").add_to(curve)
+    CANDIDATES.add_to(curve, help="candidates per visit, at most")
+    MAX_HISTORY.add_to(curve)
+    MAX_VALUES.add_to(curve)
+    VISITS_PER_REQUEST.add_to(curve)
+    TIME_SLICE_MS.add_to(curve, help="visits of one time slice share a request (default 0: one visit per request)")
+    PAGE_TOKENS.add_to(curve)
     curve.set_defaults(func=_cache_curve)
 
 

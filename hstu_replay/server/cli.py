@@ -5,7 +5,35 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hstu_replay.arguments import (
+    CANDIDATES, DEVICE, DUMP_BATCH_SIZE, DUMP_BATCHES, DUMP_SEED, MODEL_CONFIG, MODEL_MAX_HISTORY, PAGE_TOKENS,
+    REPOSITORY, STORE, THREADS, WEIGHTS_SEED, Option,
+)
 from hstu_replay.errors import ConfigError
+
+SERVE_OPTIONS = (
+    Option("--host", "address to listen on", "127.0.0.1"),
+    Option("--http-port", "Triton's HTTP port", 8000, int),
+    Option("--grpc-port", "Triton's gRPC port", 8001, int),
+    Option("--metrics-port", "Triton's Prometheus metrics port", 8002, int),
+    Option("--cache-metrics-port", "the KV-cache counters' port", 8003, int),
+    Option("--cache-budget-tokens", "KV-cache capacity in tokens (published: 102,400 pages of 32)", 3_276_800, int),
+    PAGE_TOKENS,
+    Option("--engine", "aoti: the compiled packages, one user at a time; batched: every user of a request in one "
+                       "pass over a paged KV pool (the fast path on a GPU; nothing to compile)", "aoti",
+           choices=("aoti", "batched")),
+    Option("--dtype", "weights and KV cache type (--engine batched; default: the config's)",
+           choices=("float32", "bfloat16")),
+    THREADS,
+    Option("--log-verbose", "tritonserver's log verbosity", 0, int),
+    Option("--tls-cert", "PEM server certificate: gRPC then takes TLS only"),
+    Option("--tls-key", "PEM private key of --tls-cert"),
+    Option("--https-port", "serve HTTPS here (needs --tls-cert): a TLS-terminating forwarder in front of Triton's "
+                           "HTTP port, which then listens on loopback only", 0, int),
+    Option("--require-header", "inference requests must carry this header (gRPC: metadata "
+                               "triton-grpc-protocol-NAME), checked by tritonserver; the value is never printed",
+           metavar="NAME=VALUE"),
+)
 
 
 def add_commands(groups) -> None:
@@ -19,51 +47,26 @@ def add_commands(groups) -> None:
 
     serve = commands.add_parser("serve", help="serve the repository on a real tritonserver (127.0.0.1)")
     _model_args(serve)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--http-port", type=int, default=8000)
-    serve.add_argument("--grpc-port", type=int, default=8001)
-    serve.add_argument("--metrics-port", type=int, default=8002)
-    serve.add_argument("--cache-metrics-port", type=int, default=8003)
-    serve.add_argument("--cache-budget-tokens", type=int, default=3_276_800,
-                       help="KV-cache capacity in tokens (published: 102,400 pages of 32)")
-    serve.add_argument("--page-tokens", type=int, default=32)
-    serve.add_argument("--engine", default="aoti", choices=("aoti", "batched"),
-                       help="aoti: the compiled packages, one user at a time; batched: every user of a request "
-                            "in one pass over a paged KV pool (the fast path on a GPU; nothing to compile)")
-    serve.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
-                       help="weights and KV cache type (--engine batched; default: the config's)")
-    serve.add_argument("--threads", type=int, default=0,
-                       help="CPU threads of the model (default 0: OMP_NUM_THREADS if set, else the usable cores "
-                            "minus one: beside other work a model on every core slows down several-fold)")
-    serve.add_argument("--log-verbose", type=int, default=0)
-    serve.add_argument("--tls-cert", default=None, help="PEM server certificate: gRPC then takes TLS only")
-    serve.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
-    serve.add_argument("--https-port", type=int, default=0,
-                       help="serve HTTPS here (needs --tls-cert): a TLS-terminating forwarder in front of Triton's "
-                            "HTTP port, which then listens on loopback only")
-    serve.add_argument("--require-header", default=None, metavar="NAME=VALUE",
-                       help="inference requests must carry this header (gRPC: metadata triton-grpc-protocol-NAME), "
-                            "checked by tritonserver; the value is never printed")
+    for option in SERVE_OPTIONS:
+        option.add_to(serve)
     serve.set_defaults(func=_serve)
 
     dump = commands.add_parser("dump", help="write NVIDIA-format reference dumps drawn from a prepared store")
     _model_args(dump)
-    dump.add_argument("--store", required=True, help="prepared KuaiRand store")
-    dump.add_argument("--out", required=True, help="dump directory to write")
-    dump.add_argument("--batches", type=int, default=16)
-    dump.add_argument("--batch-size", type=int, default=4)
-    dump.add_argument("--candidates", type=int, default=16)
-    dump.add_argument("--max-history", type=int, default=None, help="default: the model's maximum")
-    dump.add_argument("--min-history", type=int, default=1, help="shortest history drawn (users allowing)")
-    dump.add_argument("--dump-seed", type=int, default=0)
+    STORE.add_to(dump, required=True, metavar=None)
+    Option("--out", "dump directory to write").add_to(dump, required=True)
+    DUMP_BATCHES.add_to(dump)
+    DUMP_BATCH_SIZE.add_to(dump)
+    CANDIDATES.add_to(dump)
+    MODEL_MAX_HISTORY.add_to(dump)
+    Option("--min-history", "shortest history drawn (users allowing)", 1, int).add_to(dump)
+    DUMP_SEED.add_to(dump)
     dump.set_defaults(func=_dump)
 
 
 def _model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--repository", default="runs/model_repository", help="Triton model repository")
-    parser.add_argument("--config", default="small", help="model config: small, kuairand-1k, kuairand-1k-8l")
-    parser.add_argument("--seed", type=int, default=0, help="weights seed")
-    parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    for option in (REPOSITORY, MODEL_CONFIG, WEIGHTS_SEED, DEVICE):
+        option.add_to(parser)
 
 
 def _device(name: str) -> str:
