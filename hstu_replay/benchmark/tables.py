@@ -14,7 +14,8 @@ from datetime import datetime, timezone
 import hstu_replay
 from hstu_replay.benchmark import published
 from hstu_replay.benchmark.passes import CACHED, COLD, PassResult, mean_pass
-from hstu_replay.report.summary import NO_VALUE, format_table, jsonable
+from hstu_replay.report.kit import NO_VALUE, fmt
+from hstu_replay.report.summary import format_table, jsonable
 
 DEFINITION = ("latency per logical request = end-to-end time of a pass / (Triton calls x logical batch size); "
               "one warm-up call and the sleep after it, data loading, re-batching, cache-key generation and "
@@ -151,20 +152,16 @@ def build_protocol_report(passes: Sequence[PassResult], run: dict, *, backend_ba
 
 # -- tables as text (terminal) and as rows (HTML) --------------------------------------------
 
-def _f(value: float | None, spec: str, suffix: str = "") -> str:
-    return NO_VALUE if value is None else f"{value:{spec}}{suffix}"
-
-
 def backend_rows(report: dict) -> list[list[str]]:
     rows = [["row", "model", "calls", "E2E s", "ms/logical", "vs Python", "vs no cache",
              "cached", "NVIDIA row", "NVIDIA E2E s", "vs Python", "vs no cache"]]
     for r in report["backend_comparison"]["rows"]:
         o, n = r["ours"], r["nvidia"] or {}
-        rows.append([r["label"], r["model"], str(o["calls"]), _f(o["e2e_s"], ".4f"),
-                     _f(o["ms_per_logical_request"], ".3f"), _f(o["speedup_vs_python"], ".2f", "x"),
-                     _f(o["speedup_vs_no_cache"], ".2f", "x"), _f(o["cached_fraction"], ".1%"),
-                     n.get("label", NO_VALUE), _f(n.get("e2e_s"), ".3f"), _f(n.get("speedup_vs_python"), ".2f", "x"),
-                     _f(n.get("speedup_vs_no_cache"), ".2f", "x")])
+        rows.append([r["label"], r["model"], str(o["calls"]), fmt(o["e2e_s"], ".4f"),
+                     fmt(o["ms_per_logical_request"], ".3f"), fmt(o["speedup_vs_python"], ".2f", "x"),
+                     fmt(o["speedup_vs_no_cache"], ".2f", "x"), fmt(o["cached_fraction"], ".1%"),
+                     n.get("label", NO_VALUE), fmt(n.get("e2e_s"), ".3f"), fmt(n.get("speedup_vs_python"), ".2f", "x"),
+                     fmt(n.get("speedup_vs_no_cache"), ".2f", "x")])
     return rows
 
 
@@ -174,10 +171,10 @@ def scaling_rows(report: dict) -> list[list[str]]:
     for r in report["batch_scaling"]["rows"]:
         by_layers = {n["layers"]: n for n in r["nvidia"]}
         three, eight = by_layers.get(3, {}), by_layers.get(8, {})
-        rows.append([str(r["batch_size"]), str(r["calls"]), _f(r["no_cache_ms"], ".3f"), _f(r["hit_ms"], ".3f"),
-                     _f(r["speedup"], ".2f", "x"), _f(r["hit_cached_fraction"], ".1%"),
-                     _f(three.get("hit_ms"), ".3f"), _f(three.get("speedup"), ".2f", "x"),
-                     _f(eight.get("hit_ms"), ".3f"), _f(eight.get("speedup"), ".2f", "x")])
+        rows.append([str(r["batch_size"]), str(r["calls"]), fmt(r["no_cache_ms"], ".3f"), fmt(r["hit_ms"], ".3f"),
+                     fmt(r["speedup"], ".2f", "x"), fmt(r["hit_cached_fraction"], ".1%"),
+                     fmt(three.get("hit_ms"), ".3f"), fmt(three.get("speedup"), ".2f", "x"),
+                     fmt(eight.get("hit_ms"), ".3f"), fmt(eight.get("speedup"), ".2f", "x")])
     return rows
 
 

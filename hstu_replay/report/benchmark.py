@@ -5,20 +5,15 @@ Every string is escaped (model names and URLs come from the command line and the
 
 from __future__ import annotations
 
-import html
 import json
 
 from hstu_replay.benchmark.tables import backend_rows, hardware_line, scaling_rows
+from hstu_replay.report.kit import NO_VALUE, escape, grid, page
 
+#: a compact page of wide tables: figures right-aligned, the first column text
 STYLE = ("body{font:14px/1.4 system-ui,sans-serif;margin:2em auto;max-width:80em;color:#222}"
          "table{border-collapse:collapse;margin:.5em 0}th,td{border:1px solid #ccc;padding:.2em .6em;"
          "text-align:right}th{background:#f2f2f2}td:first-child{text-align:left}.flag{color:#8a1414}")
-
-
-def _table(rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows[1:])
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _passes(report: dict) -> list[list[str]]:
@@ -26,25 +21,23 @@ def _passes(report: dict) -> list[list[str]]:
             "verified", "mismatches", "server_calls"]
     rows = [keys]
     for p in report["passes"]:
-        rows.append([f"{p[k]:.4g}" if isinstance(p[k], float) else ("-" if p[k] is None else str(p[k]))
+        rows.append([f"{p[k]:.4g}" if isinstance(p[k], float) else NO_VALUE if p[k] is None else str(p[k])
                      for k in keys])
     return rows
 
 
 def render_protocol_html(report: dict) -> str:
-    e = html.escape
-    flags = "".join(f'<li class="flag">{e(f)}</li>' for f in report["flags"]) or "<li>none</li>"
+    flags = "".join(f'<li class="flag">{escape(f)}</li>' for f in report["flags"]) or "<li>none</li>"
     body = [
-        f"<h1>{e(report['tool'])}: NVIDIA's benchmark protocol</h1>",
-        f"<p>{e(report['version'])}, created {e(report['created'])}. {e(hardware_line(report))}.</p>",
-        f"<p>{e(report['definition'])}.</p>",
+        f"<h1>{escape(report['tool'])}: NVIDIA's benchmark protocol</h1>",
+        f"<p>{escape(report['version'])}, created {escape(report['created'])}. {escape(hardware_line(report))}.</p>",
+        f"<p>{escape(report['definition'])}.</p>",
         f"<h2>Backend comparison, batch {report['backend_comparison']['batch_size']}</h2>",
-        _table(backend_rows(report)),
-        f"<h2>Batch-size scaling ({e(report['batch_scaling']['model'])})</h2>",
-        _table(scaling_rows(report)),
+        grid(backend_rows(report)),
+        f"<h2>Batch-size scaling ({escape(report['batch_scaling']['model'])})</h2>",
+        grid(scaling_rows(report)),
         "<h2>Flags</h2>", f"<ul>{flags}</ul>",
-        "<h2>Passes</h2>", _table(_passes(report)),
-        "<h2>Run</h2>", f"<pre>{e(json.dumps(report['run'], indent=2, sort_keys=True))}</pre>",
+        "<h2>Passes</h2>", grid(_passes(report)),
+        "<h2>Run</h2>", f"<pre>{escape(json.dumps(report['run'], indent=2, sort_keys=True))}</pre>",
     ]
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>hstu-replay protocol</title>'
-            f"<style>{STYLE}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n")
+    return page("hstu-replay protocol", body, css=STYLE)

@@ -6,9 +6,7 @@ Plots use matplotlib's Figure on an Agg canvas (no pyplot), and are skipped with
 
 from __future__ import annotations
 
-import base64
 import csv
-import html
 import io
 import math
 from collections.abc import Callable
@@ -20,9 +18,9 @@ import hstu_replay
 from hstu_replay.capacity.driver import CapacityPlan, CapacityResult
 from hstu_replay.capacity.search import RatioResult, StepResult
 from hstu_replay.capacity.workers import MASTER_NOTE, plan_workers
-from hstu_replay.report import plots
-from hstu_replay.report.html import CSS
-from hstu_replay.report.summary import NO_VALUE, format_table, jsonable
+from hstu_replay.report import kit, plots
+from hstu_replay.report.kit import NO_VALUE, escape, fmt, grid, page, png_img
+from hstu_replay.report.summary import format_table, jsonable
 from hstu_replay.report.writers import atomic_write, report_json
 
 JSON_NAME = "capacity.json"
@@ -98,12 +96,8 @@ def capacity_dict(result: CapacityResult) -> dict:
 
 # -- tables -----------------------------------------------------------------------------------
 
-def _f(value: Any, spec: str = ".1f") -> str:
-    return NO_VALUE if value is None else f"{value:{spec}}"
-
-
 def _load(value: Any) -> str:
-    return NO_VALUE if value is None else f"{value:g}"
+    return fmt(value, "g")
 
 
 SUMMARY_HEADER = ["hit ratio", "sustainable", "req/s", "logical/s", "server req/s", "p99 ms", "knee", "servers",
@@ -122,10 +116,11 @@ def summary_table(data: dict) -> list[list[str]]:
     rows = [list(SUMMARY_HEADER)]
     for r in data["ratios"]:
         s, k = r["sustainable"] or {}, r["knee"] or {}
-        rows.append([f"{r['hit_ratio']:.2f}", _load(s.get("load")), _f(s.get("throughput_rps")),
-                     _f(s.get("logical_throughput")), _f(s.get("server_rps")), _f(s.get("p99_ms"), ".2f"),
+        rows.append([f"{r['hit_ratio']:.2f}", _load(s.get("load")), fmt(s.get("throughput_rps"), ".1f"),
+                     fmt(s.get("logical_throughput"), ".1f"), fmt(s.get("server_rps"), ".1f"),
+                     fmt(s.get("p99_ms"), ".2f"),
                      _load(k.get("load")) + ("" if not k or k["passed"] else " (breach)"),
-                     _f(r["servers_needed"], "d"), _f((r["workers"] or {}).get("workers"), "d"),
+                     fmt(r["servers_needed"], "d"), fmt((r["workers"] or {}).get("workers"), "d"),
                      r.get("hits_from") or NO_VALUE, _load(r["stopped_at"])])
     return rows
 
@@ -161,10 +156,11 @@ STEPS_HEADER = ["hit ratio", "load", "req/s", "logical/s", "p50 ms", "p99 ms", "
 def step_row(hit_ratio: float, step: dict) -> list[str]:
     triton = (step.get("metrics") or {}).get("triton") or {}
     verdict = "pass" if step["passed"] else "BREACH: " + "; ".join(step["breaches"])
-    return [f"{hit_ratio:.2f}", _load(step["load"]), _f(step["throughput_rps"]), _f(step["logical_throughput"]),
-            _f(step["p50_ms"], ".2f"), _f(step["p99_ms"], ".2f"), _f(step["error_ratio"], ".4f"),
-            _f(step["achieved_ratio"], ".3f"), _f(triton.get("mean_queue_us"), ".0f"),
-            _f(triton.get("mean_compute_us"), ".0f"), verdict]
+    return [f"{hit_ratio:.2f}", _load(step["load"]), fmt(step["throughput_rps"], ".1f"),
+            fmt(step["logical_throughput"], ".1f"),
+            fmt(step["p50_ms"], ".2f"), fmt(step["p99_ms"], ".2f"), fmt(step["error_ratio"], ".4f"),
+            fmt(step["achieved_ratio"], ".3f"), fmt(triton.get("mean_queue_us"), ".0f"),
+            fmt(triton.get("mean_compute_us"), ".0f"), verdict]
 
 
 def steps_table(data: dict) -> list[list[str]]:
@@ -220,12 +216,9 @@ def _series(data: dict, key: str) -> list[tuple[float, list[tuple[float, float, 
 
 
 def _plot(data: dict, key: str, title: str, ylabel: str, decorate: Callable[[Any], None]) -> bytes:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
     from matplotlib.ticker import NullLocator
 
-    fig = Figure(figsize=(7.0, 4.0), dpi=100)
-    FigureCanvasAgg(fig)
+    fig = kit.figure()
     ax = fig.add_subplot()
     ax.set_title(title)
     ax.set_xlabel(f"load ({data['load']['unit']})")
@@ -253,9 +246,7 @@ def _plot(data: dict, key: str, title: str, ylabel: str, decorate: Callable[[Any
     else:
         ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    return buf.getvalue()
+    return kit.png(fig)
 
 
 def throughput_plot(data: dict) -> bytes:
@@ -300,22 +291,6 @@ def render_plots(data: dict) -> dict[str, bytes]:
 
 # -- HTML -------------------------------------------------------------------------------------
 
-def _e(value: Any) -> str:
-    return html.escape(NO_VALUE if value is None else str(value), quote=True)
-
-
-def _html_table(rows: list[list[Any]], text_cols: int = 1, text_last: bool = False) -> str:
-    """Header row then body rows; the first `text_cols` (and, with text_last, the last) are text."""
-
-    def cell(i: int, n: int, value: Any) -> str:
-        text = i < text_cols or (text_last and i == n - 1)
-        return f'<td class="text">{_e(value)}</td>' if text else f"<td>{_e(value)}</td>"
-
-    head = "".join(f"<th>{_e(h)}</th>" for h in rows[0])
-    body = "".join("<tr>" + "".join(cell(i, len(row), c) for i, c in enumerate(row)) + "</tr>" for row in rows[1:])
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
 def _metrics_rows(data: dict) -> list[list[Any]]:
     keys: list[str] = []
     for r in data["ratios"]:
@@ -330,9 +305,7 @@ def _metrics_rows(data: dict) -> list[list[Any]]:
             for key in keys:
                 group, name = key.split(".", 1)
                 value = (m.get(group) or {}).get(name)
-                if isinstance(value, float):
-                    value = f"{value:.1f}" if abs(value) >= 1 else f"{value:.3g}"
-                cells.append(value)
+                cells.append(kit.cell(value, 1) if isinstance(value, float) else value)
             rows.append([f"{r['hit_ratio']:.2f}", _load(s["load"]), *cells])
     return rows
 
@@ -340,7 +313,7 @@ def _metrics_rows(data: dict) -> list[list[Any]]:
 def render_html(data: dict, pngs: dict[str, bytes]) -> str:
     failed = data["unsustainable"]
     verdict = (f'<p class="verdict fail">No step met the SLO at hit ratio '
-               f'{_e(", ".join(f"{r:.2f}" for r in failed))}</p>' if failed
+               f'{escape(", ".join(f"{r:.2f}" for r in failed))}</p>' if failed
                else '<p class="verdict pass">Every hit ratio has a sustainable step</p>')
     settings = [["", "value"], ["model", data["model"]], ["SLO p99 (ms)", data["slo"]["p99_ms"]],
                 ["SLO error ratio", data["slo"]["error_ratio"]], ["load", data["load"]["unit"]],
@@ -349,29 +322,27 @@ def render_html(data: dict, pngs: dict[str, bytes]) -> str:
                 ["warm-up seconds", data["warmup_seconds"]], ["target logical requests/s", data["target_rps"]],
                 ["share of a core per Locust worker", data["worker_cpu_share"]],
                 ["workload", " ".join(data["workload_args"])], ["Locust arguments", " ".join(data["locust_args"])]]
-    images = "".join(f'<img alt="{_e(n)}" src="data:image/png;base64,{base64.b64encode(b).decode("ascii")}">'
-                     for n, b in pngs.items())
+    images = "".join(png_img(name, png) for name, png in pngs.items())
     metrics_rows = _metrics_rows(data)
     sections = [
-        f"<h1>{_e('hstu-replay capacity: ' + str(data['model']))}</h1>",
-        f'<p class="meta">{_e(data["tool"])} {_e(data["version"])}, created {_e(data["created"])}</p>',
+        f"<h1>{escape('hstu-replay capacity: ' + str(data['model']))}</h1>",
+        f'<p class="meta">{escape(data["tool"])} {escape(data["version"])}, created {escape(data["created"])}</p>',
         verdict,
-        "<h2>Settings</h2>", _html_table(settings, text_cols=2),
+        "<h2>Settings</h2>", grid(settings, text_cols=2),
         "<h2>Capacity per hit ratio</h2>",
         "<p>Sustainable: the SLO-passing step of highest throughput. Knee: the step of highest power "
         "(throughput / mean latency). Servers: ceil(target / sustainable logical throughput). "
         "Workers: Locust worker processes to send the target (or, without one, the sustainable rate): "
         "ceil(requests/s x client CPU per request / share of a core per worker).</p>",
-        _html_table(summary_table(data)),
-        "".join(f"<p>{_e(line)}</p>" for line in worker_lines(data)),
+        grid(summary_table(data), text_cols=1),
+        "".join(f"<p>{escape(line)}</p>" for line in worker_lines(data)),
         images or "<p>Plots unavailable (matplotlib not installed).</p>",
-        "<h2>Steps</h2>", _html_table(steps_table(data), text_last=True),
+        "<h2>Steps</h2>", grid(steps_table(data), text_cols=1, text_last=True),
         "<h2>Server metrics per step (Prometheus deltas)</h2>",
-        _html_table(metrics_rows) if len(metrics_rows[0]) > 2 else "<p>No metrics endpoint was scraped.</p>",
+        (grid(metrics_rows, text_cols=1) if len(metrics_rows[0]) > 2
+         else "<p>No metrics endpoint was scraped.</p>"),
     ]
-    title = _e(f"hstu-replay capacity: {data['model']}")
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
-            f"<style>{CSS}</style></head>\n<body>\n" + "\n".join(sections) + "\n</body></html>\n")
+    return page(f"hstu-replay capacity: {data['model']}", sections)
 
 
 # -- writing ----------------------------------------------------------------------------------

@@ -89,15 +89,11 @@ def write_curve(out: Path, curve: CacheCurve, summary: dict) -> list[Path]:
 
 
 def _plot(curve: CacheCurve, summary: dict) -> bytes | None:
-    from hstu_replay.report import plots
+    from hstu_replay.report import kit, plots
 
     if not plots.available():
         return None
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=plots.FIGSIZE_IN, dpi=plots.DPI)
-    FigureCanvasAgg(fig)
+    fig = kit.figure()
     ax = fig.add_subplot()
     points = curve.points() + [(max(curve.all_fit_tokens, 1) * 1.05, curve.max_ratio)]
     ax.step([b / 1e6 for b, _ in points], [r for _, r in points], where="post")
@@ -107,6 +103,4 @@ def _plot(curve: CacheCurve, summary: dict) -> bytes | None:
     ax.set_ylabel("token hit ratio")
     ax.set_title(f"LRU of whole users, pages of {curve.page_tokens}: {summary['trace']['visits']:,} visits")
     ax.grid(True, alpha=0.3)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    return buffer.getvalue()
+    return kit.png(fig)

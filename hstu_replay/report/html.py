@@ -10,61 +10,21 @@ the command line, the server and the network.
 
 from __future__ import annotations
 
-import html
-import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
 from hstu_replay.report.flags import FLAG_MEANINGS
-from hstu_replay.report.summary import NO_VALUE, latency_table, goal_name
+from hstu_replay.report.kit import NO_VALUE, cell, escape, fmt, grid, page, table
+from hstu_replay.report.natural import natural_html
+from hstu_replay.report.summary import goal_name, latency_table
 from hstu_replay.report.svg import charts
-
-CSS = """
-body { font: 14px/1.4 system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
-h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
-table { border-collapse: collapse; margin: .5em 0; }
-th, td { border: 1px solid #ccc; padding: .2em .6em; text-align: right; }
-th { background: #f2f2f2; } td.text { text-align: left; }
-.verdict { padding: .6em 1em; border-radius: 4px; font-weight: bold; }
-.pass { background: #e3f6e3; color: #185c18; } .fail { background: #fbe4e4; color: #8a1414; }
-.none { background: #f2f2f2; color: #555; }
-.charts { display: flex; flex-wrap: wrap; gap: 1em; margin: .8em 0; }
-.charts svg { flex: 1 1 28em; max-width: 40em; height: auto; }
-dt { font-weight: bold; } dd { margin: 0 0 .5em 1.5em; }
-.meta { color: #666; }
-"""
 
 #: Option names whose values are never shown (request headers carry auth tokens).
 SECRET_OPTION = re.compile(r"(^|_)(headers?|token|password|secret|credentials?|auth)$")
 HIDDEN = "(hidden)"
 NOT_SET = "(not set)"
-
-
-def _e(value: Any) -> str:
-    return html.escape(NO_VALUE if value is None else str(value), quote=True)
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.2f}" if abs(value) >= 1 else f"{value:.3g}"
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, sort_keys=True)
-    return NO_VALUE if value is None else str(value)
-
-
-def _table(header: Iterable[Any], rows: Iterable[Iterable[Any]], text_cols: int = 0, text_last: bool = False) -> str:
-    """A table; the first `text_cols` columns (and the last, with `text_last`) are left-aligned
-    text, the rest figures."""
-    header = list(header)
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = []
-    for row in rows:
-        cells = [f'<td class="text">{_e(c)}</td>' if i < text_cols or (text_last and i == len(header) - 1)
-                 else f"<td>{_e(c)}</td>" for i, c in enumerate(row)]
-        body.append(f"<tr>{''.join(cells)}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
 def _verdict(thresholds: Mapping | None) -> str:
@@ -75,7 +35,7 @@ def _verdict(thresholds: Mapping | None) -> str:
     parts = [f'<p class="verdict {"pass" if passed else "fail"}">Thresholds: {label}</p>']
     violations = thresholds.get("violations") or []
     if violations:
-        parts.append("<ul>" + "".join(f"<li>{_e(v)}</li>" for v in violations) + "</ul>")
+        parts.append("<ul>" + "".join(f"<li>{escape(v)}</li>" for v in violations) + "</ul>")
     return "".join(parts)
 
 
@@ -106,10 +66,10 @@ def duration(seconds: float) -> str:
 
 def _meta(report: Mapping) -> str:
     started, written = (report.get("run") or {}).get("started"), report.get("created")
-    parts = [f"{_e(report['tool'])} {_e(report['version'])}", f"started {_e(utc_time(started))}",
-             f"report written {_e(utc_time(written))}"]
+    parts = [f"{escape(report['tool'])} {escape(report['version'])}", f"started {escape(utc_time(started))}",
+             f"report written {escape(utc_time(written))}"]
     if started is not None and written:
-        parts[-1] += f" ({_e(duration(_seconds(written) - _seconds(started)))} after the start)"
+        parts[-1] += f" ({escape(duration(_seconds(written) - _seconds(started)))} after the start)"
     return f'<p class="meta">{" &middot; ".join(parts)}</p>'
 
 
@@ -119,7 +79,7 @@ def _value(value: Any) -> str:
         return "yes" if value else "no"
     if value == "":
         return NOT_SET
-    return f"{value:g}" if isinstance(value, float) else _cell(value)
+    return f"{value:g}" if isinstance(value, float) else cell(value)
 
 
 #: How the run's fields read; fields not named here keep their key.
@@ -143,14 +103,14 @@ def _run(run: Mapping) -> str:
         else:
             shown = _value(value)
         rows.append([RUN_LABELS.get(key, key.replace("_", " ")), shown])
-    return _table(["", "value"], rows, text_cols=2)
+    return table(["", "value"], rows, text_cols=2)
 
 
 def _options(options: Mapping | None) -> str:
     if not options:
         return "<p>No options recorded.</p>"
     rows = ([name, HIDDEN if SECRET_OPTION.search(name) else _value(value)] for name, value in options.items())
-    return _table(["option", "value"], rows, text_cols=2)
+    return table(["option", "value"], rows, text_cols=2)
 
 
 #: Where a stage's achieved hit ratio comes from, in words.
@@ -163,7 +123,7 @@ def source_label(source: str | None) -> str:
 
 
 def _interval(pair: list) -> str:
-    low, high = (NO_VALUE if v is None else f"{v:.2f}" for v in pair)
+    low, high = (fmt(v, ".2f") for v in pair)
     return f"{low} .. {high}"
 
 
@@ -172,14 +132,13 @@ def _stages(stages: list[dict]) -> str:
               "achieved from", "hit disagreements", "requests", "mean ms", "ms per logical request",
               "p50 95% CI ms", "p99 95% CI ms", "client CPU peak", "loop lag p99 ms", "flags"]
     rows = ([s["name"], s["batch_size"], goal_name(s["target_ratio"]),
-             *(NO_VALUE if s[k] is None else f"{s[k]:.3f}"
-               for k in ("expected_ratio", "predicted_ratio", "observed_ratio", "achieved_ratio")),
+             *(fmt(s[k], ".3f") for k in ("expected_ratio", "predicted_ratio", "observed_ratio", "achieved_ratio")),
              source_label(s["hit_source"]), s["hit_disagreements"], s["requests"],
-             *(NO_VALUE if s[k] is None else f"{s[k]:.3f}" for k in ("mean_ms", "ms_per_logical_request")),
+             *(fmt(s[k], ".3f") for k in ("mean_ms", "ms_per_logical_request")),
              _interval(s["p50_ci_ms"]), _interval(s["p99_ci_ms"]), f"{s['client_cpu_peak']:.0%}",
-             NO_VALUE if s["loop_lag_p99_ms"] is None else f"{s['loop_lag_p99_ms']:.1f}",
+             fmt(s["loop_lag_p99_ms"], ".1f"),
              "; ".join(f"{f['flag']}: {f['reason']}" for f in s["flags"]) or "ok"] for s in stages)
-    return _table(header, rows, text_cols=1, text_last=True)
+    return table(header, rows, text_cols=1, text_last=True)
 
 
 def _flags(stages: list[dict]) -> str:
@@ -190,8 +149,8 @@ def _flags(stages: list[dict]) -> str:
             seen.setdefault(f["flag"], []).append(s["name"])
     if not seen:
         return "<p>No stage is flagged: every stage's figures are solid.</p>"
-    items = "".join(f"<dt>{_e(flag)} ({_e(', '.join(names))})</dt>"
-                    f"<dd>{_e(FLAG_MEANINGS.get(flag, 'see the reasons in the stage table'))}</dd>"
+    items = "".join(f"<dt>{escape(flag)} ({escape(', '.join(names))})</dt>"
+                    f"<dd>{escape(FLAG_MEANINGS.get(flag, 'see the reasons in the stage table'))}</dd>"
                     for flag, names in seen.items())
     return (f"<p>A flagged stage keeps its figures; with thresholds set it fails the run.</p><dl>{items}</dl>")
 
@@ -201,7 +160,7 @@ def _verification(report: dict) -> str:
     rows = [["verified responses", v["verified"]], ["mismatches", v["mismatches"]],
             ["tolerance", v["tolerance"]], ["priming requests", p["requests"]],
             ["priming failures", p["failures"]], ["warm-up requests", report["warmup_requests"]]]
-    return _table(["", "count"], rows, text_cols=1)
+    return table(["", "count"], rows, text_cols=1)
 
 
 def _server(bins: list[dict]) -> str:
@@ -211,46 +170,31 @@ def _server(bins: list[dict]) -> str:
     keys: list[str] = []
     for b in with_server:
         keys += [k for k in b["server"] if k not in keys]
-    rows = ([b["name"], *(_cell(b["server"].get(k)) for k in keys)] for b in with_server)
-    return _table(["bin", *keys], rows, text_cols=1)
+    rows = ([b["name"], *(cell(b["server"].get(k)) for k in keys)] for b in with_server)
+    return table(["bin", *keys], rows, text_cols=1)
 
 
 def _errors(errors: Mapping[str, int]) -> str:
     if not errors:
         return "<p>No errors.</p>"
     rows = sorted(errors.items(), key=lambda kv: (-kv[1], kv[0]))
-    return _table(["reason", "count"], rows, text_cols=1)
-
-
-def _natural(section: Mapping) -> tuple[str, ...]:
-    """A natural replay: the hit ratio that emerged, latency binned by it, and both over time."""
-    keys = ("requests", "hit_ratio", "mean_ms", "p50_ms", "p99_ms")
-    return (
-        "<h2>Natural replay: the hit ratio that emerged</h2>",
-        f"<p>{_e(section['requests'])} measured requests met a hit ratio of {_e(_cell(section['hit_ratio']))} "
-        f"({_e(section['hit_source'])}); every request in <code>{_e(section['requests_csv'])}</code>.</p>",
-        _table(["hit ratio", *keys], ([f"{b['from']:.1f}-{b['to']:.1f}", *(_cell(b[k]) for k in keys)]
-                                      for b in section["by_ratio"]), text_cols=1),
-        _table(["seconds", "warm-up", *keys],
-               ([f"{w['from_s']:.0f}-{w['to_s']:.0f}", "yes" if w["warmup"] else "", *(_cell(w[k]) for k in keys)]
-                for w in section["over_time"]), text_cols=2),
-    )
+    return table(["reason", "count"], rows, text_cols=1)
 
 
 def render_html(report: dict) -> str:
     """The whole page."""
     run = report.get("run") or {}
     title = f"hstu-replay report: {run.get('model', 'run')}"
-    table = latency_table(report)
+    latency = latency_table(report)
     sections = [
-        f"<h1>{_e(title)}</h1>",
+        f"<h1>{escape(title)}</h1>",
         _meta(report),
         _verdict(report.get("thresholds")),
         "<h2>Latency vs hit ratio</h2>",
         f'<div class="charts">{"".join(charts(report))}</div>',
-        _table(table[0], table[1:]),
+        grid(latency),
         "<h2>Stages: target vs achieved hit ratio</h2>", _stages(report["stages"]),
-        *(_natural(report["natural"]) if report.get("natural") else ()),
+        *(natural_html(report["natural"]) if report.get("natural") else ()),
         "<h2>Flags</h2>", _flags(report["stages"]),
         "<h2>Verification</h2>", _verification(report),
         "<h2>Server-side figures</h2>", _server(report["bins"]),
@@ -258,7 +202,4 @@ def render_html(report: dict) -> str:
         "<h2>Run</h2>", _run(run),
         "<h2>Options</h2>", _options(run.get("options")),
     ]
-    body = "\n".join(sections)
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f"<title>{_e(title)}</title><style>{CSS}</style></head>\n"
-            f"<body>\n{body}\n</body></html>\n")
+    return page(title, sections)

@@ -1,7 +1,8 @@
 """A natural replay's figures: the hit ratio each request met, latency binned by it, and both over time.
 
 Read from the run's records files (every request, exact latency, the server's hits where it
-reports them): `report.json["natural"]` and `natural_requests.csv` (one row per request).
+reports them): `report.json["natural"]`, `natural_requests.csv` (one row per request) and the
+report page's section.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import csv
 import io
 from pathlib import Path
 
+from hstu_replay.report.kit import cell, escape, table
 from hstu_replay.stats.histogram import LatencyHistogram
 
 RATIO_BINS = 10  # [0, 0.1), ..., [0.9, 1.0]
@@ -59,6 +61,21 @@ def natural_section(records: list[dict]) -> dict:
     return {"hit_source": sources[0] if len(sources) == 1 else "mixed" if sources else None,
             **_latency(measured), "warmup_requests": len(sent) - len(measured),
             "by_ratio": by_ratio, "over_time": over_time, "requests_csv": NATURAL_CSV}
+
+
+def natural_html(section: dict) -> tuple[str, ...]:
+    """The report page's part: the hit ratio that emerged, latency binned by it, and both over time."""
+    keys = ("requests", "hit_ratio", "mean_ms", "p50_ms", "p99_ms")
+    return (
+        "<h2>Natural replay: the hit ratio that emerged</h2>",
+        f"<p>{escape(section['requests'])} measured requests met a hit ratio of {escape(cell(section['hit_ratio']))} "
+        f"({escape(section['hit_source'])}); every request in <code>{escape(section['requests_csv'])}</code>.</p>",
+        table(["hit ratio", *keys], ([f"{b['from']:.1f}-{b['to']:.1f}", *(cell(b[k]) for k in keys)]
+                                     for b in section["by_ratio"]), text_cols=1),
+        table(["seconds", "warm-up", *keys],
+              ([f"{w['from_s']:.0f}-{w['to_s']:.0f}", "yes" if w["warmup"] else "", *(cell(w[k]) for k in keys)]
+               for w in section["over_time"]), text_cols=2),
+    )
 
 
 def write_natural_csv(records: list[dict], out_dir: Path) -> Path:

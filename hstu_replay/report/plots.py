@@ -1,25 +1,19 @@
 """PNG plots of a report: latency, speed-up and throughput against the achieved hit ratio.
 
-matplotlib is optional and imported only when a plot is drawn. Figures are drawn on their own
-Agg canvas without pyplot, so no global backend is chosen, no display is needed, and a
-process that already uses pyplot elsewhere is left alone.
+matplotlib is optional and imported only when a plot is drawn, on the kit's figures (their own
+Agg canvas, no pyplot: a process that already uses pyplot elsewhere is left alone).
 """
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
-from hstu_replay.report import svg
+from hstu_replay.report import kit, svg
 
 LATENCY_PNG = "latency_vs_hit_ratio.png"
 SPEEDUP_PNG = "speedup_vs_hit_ratio.png"
 THROUGHPUT_PNG = "throughput_vs_hit_ratio.png"
 PLOT_NAMES = (LATENCY_PNG, SPEEDUP_PNG, THROUGHPUT_PNG)
-
-FIGSIZE_IN = (7.0, 4.0)
-DPI = 100
-
 
 def available() -> bool:
     try:
@@ -35,11 +29,7 @@ def _series(report: dict, key: str) -> dict[int, tuple[list[float], list[float]]
 
 
 def _axes(title: str, ylabel: str) -> tuple[Any, Any]:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=FIGSIZE_IN, dpi=DPI)
-    FigureCanvasAgg(fig)
+    fig = kit.figure()
     ax = fig.add_subplot()
     ax.set_title(title)
     ax.set_xlabel("achieved hit ratio")
@@ -56,9 +46,7 @@ def _png(fig: Any, ax: Any, has_data: bool, handles: list | None = None) -> byte
     else:
         ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI)
-    return buf.getvalue()
+    return kit.png(fig)
 
 
 def latency_plot(report: dict) -> bytes:

@@ -13,10 +13,8 @@ from typing import Any
 
 import hstu_replay
 from hstu_replay.report.flags import StageRules, stage_flags
+from hstu_replay.report.kit import NO_VALUE, fmt
 from hstu_replay.stats.run_stats import BinKey, BinStats, RunStats
-
-NO_VALUE = "-"  # how tables show a null figure
-
 
 def jsonable(value: Any) -> Any:
     """A copy fit for strict JSON: NaN and infinities become None, keys strings, tuples lists.
@@ -199,10 +197,6 @@ TABLE_HEADER = ["batch", "target", "achieved", "from", "requests", "primes", "re
                 "ms/logical", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "speed-up", "flags"]
 
 
-def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
-    return NO_VALUE if value is None else f"{value:{spec}}{suffix}"
-
-
 def goal_name(ratio: float | None) -> str:
     """A stage's target ratio as shown; a natural replay's (NaN, null in JSON) has none."""
     return "natural" if ratio is None or math.isnan(ratio) else f"{ratio:g}"
@@ -215,16 +209,16 @@ def latency_table(report: dict) -> list[list[str]]:
         rows.append([
             str(b["batch_size"]),
             goal_name(b["target_ratio"]),
-            _fmt(b["achieved_ratio"], ".3f"),
+            fmt(b["achieved_ratio"], ".3f"),
             SOURCE_MARK[b["hit_source"]],
             str(b["requests"]),
             str(b["prime_requests"]),
-            _fmt(b["throughput_rps"], ".1f"),
-            _fmt(b["server_rps"], ".1f"),
-            _fmt(b["mean_ms"], ".2f"),
-            _fmt(b["ms_per_logical_request"], ".3f"),
-            *(_fmt(b[k], ".2f") for k in ("p50_ms", "p90_ms", "p99_ms", "p999_ms")),
-            _fmt(b["speedup"], ".2f", "x"),
+            fmt(b["throughput_rps"], ".1f"),
+            fmt(b["server_rps"], ".1f"),
+            fmt(b["mean_ms"], ".2f"),
+            fmt(b["ms_per_logical_request"], ".3f"),
+            *(fmt(b[k], ".2f") for k in ("p50_ms", "p90_ms", "p99_ms", "p999_ms")),
+            fmt(b["speedup"], ".2f", "x"),
             ",".join(b["flags"]) or "ok",
         ])
     return rows

@@ -9,9 +9,10 @@ is ringed in red and names its flags.
 
 from __future__ import annotations
 
-import html
 import math
 from dataclasses import dataclass
+
+from hstu_replay.report.kit import escape
 
 WIDTH, HEIGHT = 560, 320
 LEFT, RIGHT, TOP, BOTTOM = 64, 440, 36, 272  # the plot area, in pixels
@@ -65,10 +66,6 @@ def nice_ticks(top: float, most: int = 5) -> list[float]:
     return [round(i * step, 12) for i in range(count + 1)]
 
 
-def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
-
-
 def _num(value: float) -> str:
     return f"{value:.1f}"
 
@@ -103,7 +100,7 @@ def _axes(y_scale: Scale, ticks: list[float], y_label: str) -> list[str]:
     parts.append(f'<text x="{(LEFT + RIGHT) / 2:.1f}" y="{HEIGHT - 8}" text-anchor="middle">achieved hit ratio</text>')
     middle = (TOP + BOTTOM) / 2
     parts.append(f'<text x="14" y="{middle:.1f}" text-anchor="middle" '
-                 f'transform="rotate(-90 14 {middle:.1f})">{_e(y_label)}</text>')
+                 f'transform="rotate(-90 14 {middle:.1f})">{escape(y_label)}</text>')
     parts.append("</g>")
     return parts
 
@@ -111,7 +108,7 @@ def _axes(y_scale: Scale, ticks: list[float], y_label: str) -> list[str]:
 def _line(line: Line, y_scale: Scale, color: str) -> list[str]:
     coords = [(_num(X_SCALE(p.x)), _num(y_scale(p.y))) for p in line.points]
     dash = ' stroke-dasharray="6 4"' if line.dashed else ""
-    parts = [f'<polyline class="line" data-batch="{line.batch}" data-metric="{_e(line.metric)}" fill="none" '
+    parts = [f'<polyline class="line" data-batch="{line.batch}" data-metric="{escape(line.metric)}" fill="none" '
              f'stroke="{color}" stroke-width="2"{dash} points="{" ".join(f"{x},{y}" for x, y in coords)}"/>']
     fill = 'fill="white"' if line.hollow else f'fill="{color}"'
     for p, (x, y) in zip(line.points, coords):
@@ -120,10 +117,10 @@ def _line(line: Line, y_scale: Scale, color: str) -> list[str]:
             tip += f" (flagged: {', '.join(p.flags)})"
             parts.append(f'<circle class="flag-ring" cx="{x}" cy="{y}" r="8" fill="none" stroke="{FLAG_COLOR}" '
                          'stroke-width="1.5"/>')
-        parts.append(f'<circle class="point" data-stage="{_e(p.stage)}" data-batch="{line.batch}" '
-                     f'data-metric="{_e(line.metric)}" data-x="{p.x!r}" data-y="{p.y!r}" '
-                     f'data-flags="{_e(",".join(p.flags))}" cx="{x}" cy="{y}" r="4" '
-                     f'{fill} stroke="{color}" stroke-width="1.5"><title>{_e(tip)}</title></circle>')
+        parts.append(f'<circle class="point" data-stage="{escape(p.stage)}" data-batch="{line.batch}" '
+                     f'data-metric="{escape(line.metric)}" data-x="{p.x!r}" data-y="{p.y!r}" '
+                     f'data-flags="{escape(",".join(p.flags))}" cx="{x}" cy="{y}" r="4" '
+                     f'{fill} stroke="{color}" stroke-width="1.5"><title>{escape(tip)}</title></circle>')
     return parts
 
 
@@ -143,7 +140,7 @@ def _legend(batches: list[int], styles: list[tuple[str, bool]], flagged: bool) -
             dash = ' stroke-dasharray="6 4"' if dashed else ""
             parts.append(f'<line x1="{RIGHT + 14}" x2="{RIGHT + 38}" y1="{y}" y2="{y}" stroke="currentColor" '
                          f'stroke-width="2"{dash}/><text x="{RIGHT + 44}" y="{y}" dominant-baseline="middle">'
-                         f"{_e(label)}</text>")
+                         f"{escape(label)}</text>")
             y += 18
     if flagged:
         y += 6
@@ -159,12 +156,12 @@ def chart(name: str, title: str, y_label: str, lines: list[Line], reference: flo
     values = [p.y for line in lines for p in line.points]
     ticks = nice_ticks(max(values + ([reference] if reference is not None else []), default=0.0))
     y_scale = Scale(0.0, ticks[-1], BOTTOM, TOP)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="hstu-chart" data-chart="{_e(name)}" '
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="hstu-chart" data-chart="{escape(name)}" '
              f'viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" role="img" '
-             f'aria-label="{_e(title)}" font-family="system-ui, sans-serif">',
-             f"<title>{_e(title)}</title>",
+             f'aria-label="{escape(title)}" font-family="system-ui, sans-serif">',
+             f"<title>{escape(title)}</title>",
              f'<text x="{(LEFT + RIGHT) / 2:.1f}" y="20" text-anchor="middle" font-size="13" font-weight="bold" '
-             f'fill="currentColor">{_e(title)}</text>']
+             f'fill="currentColor">{escape(title)}</text>']
     parts += _axes(y_scale, ticks, y_label)
     if reference is not None and values:
         y = _num(y_scale(reference))
