@@ -60,6 +60,14 @@ def add_commands(groups) -> None:
     curve.set_defaults(func=_cache_curve)
 
 
+def _within(*checks: tuple[str, int, int, int | None]) -> None:
+    """Each (flag, value, low, high) with low <= value (<= high); else one line naming the first that is not."""
+    for name, value, low, high in checks:
+        if value < low or (high is not None and value > high):
+            bounds = f"{low}..{high}" if high is not None else f">= {low}"
+            raise ConfigError(f"{name} must be {bounds}, got {value}")
+
+
 def _check(args: argparse.Namespace) -> tuple[ModelInterface, float, Limits]:
     if (args.dump_dir is None) == (args.store is None):
         raise ConfigError("give exactly one of --dump-dir DIR or --store STORE")
@@ -72,16 +80,13 @@ def _check(args: argparse.Namespace) -> tuple[ModelInterface, float, Limits]:
     if ratio > 0 and not interface.uses_cache:
         raise ConfigError(f"--hit-ratio {ratio}: model {args.model} has no KV cache; use 0")
     limits = Limits(max_history=args.max_history, max_values=args.max_values)
-    for name, value, low, high in (("--batch-size", args.batch_size, 1, limits.max_batch),
-                                   ("--candidates", args.candidates, 1, limits.max_candidates),
-                                   ("--requests", args.requests, 1, None),
-                                   ("--max-history", args.max_history, 1, None),
-                                   ("--max-values", args.max_values, 1, None),
-                                   ("--seed", args.seed, 0, None),
-                                   ("--worker-index", args.worker_index, 0, None)):
-        if value < low or (high is not None and value > high):
-            bounds = f"{low}..{high}" if high is not None else f">= {low}"
-            raise ConfigError(f"{name} must be {bounds}, got {value}")
+    _within(("--batch-size", args.batch_size, 1, limits.max_batch),
+            ("--candidates", args.candidates, 1, limits.max_candidates),
+            ("--requests", args.requests, 1, None),
+            ("--max-history", args.max_history, 1, None),
+            ("--max-values", args.max_values, 1, None),
+            ("--seed", args.seed, 0, None),
+            ("--worker-index", args.worker_index, 0, None))
     out = Path(args.out)
     if not out.parent.is_dir():
         raise ConfigError(f"--out {args.out}: folder {out.parent} does not exist")
@@ -119,15 +124,12 @@ def _cache_curve(args: argparse.Namespace) -> int:
     from hstu_replay.report.curve import CurveOptions, curve_json, store_curve, write_curve
 
     limits = Limits(max_history=args.max_history, max_values=args.max_values)
-    for name, value, low, high in (("--batch-size", args.batch_size, 1, limits.max_batch),
-                                   ("--candidates", args.candidates, 1, limits.max_candidates),
-                                   ("--max-history", args.max_history, 1, None),
-                                   ("--max-values", args.max_values, 1, None),
-                                   ("--time-slice-ms", args.time_slice_ms, 0, None),
-                                   ("--page-tokens", args.page_tokens, 1, None)):
-        if value < low or (high is not None and value > high):
-            bounds = f"{low}..{high}" if high is not None else f">= {low}"
-            raise ConfigError(f"{name} must be {bounds}, got {value}")
+    _within(("--batch-size", args.batch_size, 1, limits.max_batch),
+            ("--candidates", args.candidates, 1, limits.max_candidates),
+            ("--max-history", args.max_history, 1, None),
+            ("--max-values", args.max_values, 1, None),
+            ("--time-slice-ms", args.time_slice_ms, 0, None),
+            ("--page-tokens", args.page_tokens, 1, None))
     try:
         budgets = [int(b) for b in args.budgets.split(",") if b.strip()]
     except ValueError:
