@@ -271,17 +271,28 @@ def test_truncated_archives_are_refused_at_every_length(tmp_path: Path) -> None:
         assert "\n" not in str(err.value)
 
 
-def test_corrupted_bytes_never_escape_as_other_errors(tmp_path: Path) -> None:
+def test_a_corrupted_byte_is_refused_in_one_line_or_changes_nothing_read(tmp_path: Path) -> None:
+    """Each byte flipped in turn: a one-line InputError, or (a byte the reader does not use, such
+    as a time stamp) the very same values; a flipped byte of the tensor's data is always refused."""
     whole = bytearray(long_archive(tmp_path / "a.pt", [1, 2, 3]).read_bytes())
+    with zipfile.ZipFile(tmp_path / "a.pt") as z:
+        member = z.getinfo("a/data/0")
+    start = member.header_offset + 30 + len(member.filename) + len(member.extra)  # after the local header
+    data = range(start, start + member.compress_size)
     bad = tmp_path / "bad.pt"
+    refused = set()
     for i in range(len(whole)):
         flipped = bytearray(whole)
         flipped[i] ^= 0xFF
         bad.write_bytes(bytes(flipped))
         try:
-            read_tensor_file(bad)
+            values = read_tensor_file(bad)
         except InputError as exc:
             assert "\n" not in str(exc)
+            refused.add(i)
+        else:
+            assert values.tolist() == [1, 2, 3], f"byte {i} flipped, read as {values.tolist()}"
+    assert set(data) <= refused and len(data) == 24
 
 
 def test_torch_archive_cut_in_half(tmp_path: Path) -> None:
