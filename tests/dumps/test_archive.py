@@ -96,7 +96,8 @@ def nvidia_save(path: Path, tensor) -> Path:
 
 
 def _torch_cases():
-    torch = pytest.importorskip("torch")
+    import torch
+
     g = torch.Generator().manual_seed(0)
     return {
         "int64": torch.arange(-5, 7, dtype=torch.int64) * (2**40),
@@ -121,7 +122,8 @@ def _torch_cases():
     ["int64", "float32", "bfloat16", "transposed", "sliced", "zero_dim", "empty", "empty_1d",
      "int32", "int16", "int8", "uint8", "bool", "float64", "float16"]))
 def test_reads_archives_saved_by_torch_jit_save(tmp_path: Path, case: str) -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     path = nvidia_save(tmp_path / f"batch_000000_{case}.pt", _torch_cases()[case])
     expected = torch.jit.load(str(path)).tensor
     if expected.dtype == torch.bfloat16:
@@ -212,7 +214,8 @@ def test_refuses_a_reduce_pickle_made_by_pickle_dumps(tmp_path: Path) -> None:
 
 
 def test_hostile_pickle_inside_a_valid_torch_archive(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     good = nvidia_save(tmp_path / "good.pt", torch.arange(3))
     marker = tmp_path / "pwned"
     bad = tmp_path / "good_copy.pt"
@@ -296,7 +299,8 @@ def test_a_corrupted_byte_is_refused_in_one_line_or_changes_nothing_read(tmp_pat
 
 
 def test_torch_archive_cut_in_half(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     path = nvidia_save(tmp_path / "t.pt", torch.arange(1000))
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     with pytest.raises(InputError, match="t.pt: not a readable zip archive"):
@@ -385,7 +389,8 @@ def test_garbage_pickle(tmp_path: Path) -> None:
 # --- feature_keys.pt -------------------------------------------------------------------------
 
 def test_feature_keys_saved_by_torch(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     torch.save(["user_id", "video_id"], tmp_path / "feature_keys.pt")
     assert read_feature_keys(tmp_path / "feature_keys.pt") == ["user_id", "video_id"]
 
