@@ -1,11 +1,14 @@
 """Certificates made in the test with the openssl CLI: a private CA, a server certificate it
-signs for 127.0.0.1 / ::1 / localhost, and a second CA that signed nothing (the wrong one)."""
+signs for 127.0.0.1 / ::1 / localhost, and a second CA that signed nothing (the wrong one); and
+`secure`, the one TLS server of a test session (a plugin of tests/conftest.py)."""
 
 from __future__ import annotations
 
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 
 @dataclass(frozen=True)
@@ -78,3 +81,14 @@ def start_secure_server(repository: Path, root: Path) -> SecureServer:
     handle = start_server(repository, root / "server.log", "--tls-cert", str(certs.cert), "--tls-key", str(certs.key),
                           "--https-port", str(https), "--require-header", f"{HEADER}={SENTINEL}")
     return SecureServer(handle, https, certs)
+
+
+@pytest.fixture(scope="session")
+def secure(compiled_repository, tmp_path_factory):
+    """The reference target served with TLS and a required header; its log never shows the header's value."""
+    from tests.conftest import stop_server
+
+    server = start_secure_server(compiled_repository, tmp_path_factory.mktemp("secure"))
+    yield server
+    assert stop_server(server.handle) == 0
+    assert SENTINEL not in server.handle.log.read_text(errors="replace")

@@ -340,3 +340,6 @@ def oracle_servers(tmp_path_factory) -> Iterator[Callable[..., OracleHandle]]:
         except AssertionError as exc:
             problems.append(str(exc))
     assert not problems, problems
+
+
+pytest_plugins = ["tests.certs"]  # `secure`: one TLS server per session, for tests/client and tests/loadtest

@@ -188,12 +188,10 @@ def _failure_line(data: dict) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from hstu_replay.capacity.driver import LOCUSTFILE, check_endpoints, run_capacity
+    from hstu_replay.capacity.driver import check_endpoints, run_capacity
     from hstu_replay.report.capacity import capacity_dict, format_summary, step_line, write_capacity
 
     plan = plan_from_args(args)
-    if not LOCUSTFILE.is_file():
-        raise ConfigError(f"locustfile {LOCUSTFILE} not found (install hstu-replay from its repository)")
     check_endpoints(plan)
     print(f"hstu-replay: capacity: {len(plan.hit_ratios)} hit ratio(s), up to {len(plan.loads)} step(s) of "
           f"{plan.warmup_seconds:g}+{plan.step_seconds:g} s each ({plan.load_kind.unit}), "

@@ -25,7 +25,7 @@ from hstu_replay.capacity.search import Measurement, RatioResult, Slo, StepResul
 from hstu_replay.capacity.workers import DEFAULT_CORE_SHARE
 from hstu_replay.errors import ConfigError, ServerError
 
-LOCUSTFILE = Path(hstu_replay.__file__).resolve().parents[1] / "locustfiles" / "hstu.py"
+LOCUSTFILE = hstu_replay.LOCUSTFILE
 STEPS_DIR = "steps"
 LOG_NAME = "locust.log"
 GAUGE_PERIOD_S = 2.0  # Triton refreshes its GPU/CPU gauges every 2 s by default

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "bookkeeping_scale.py"
 
@@ -32,6 +34,7 @@ def number(cell: str) -> int:
     return int(cell.replace(",", ""))
 
 
+@pytest.mark.integration  # a bench run through Locust's real classes (about 25 s)
 def test_quick_run_keeps_the_bookkeeping_bounded(tmp_path):
     result = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out-dir", str(tmp_path)],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -64,7 +64,7 @@ def test_plan_and_step_command_closed_loop(tmp_path):
     assert plan.metrics_url == "http://h:8002/metrics"
     assert plan.step_dir(1.0, 4) == tmp_path / "steps" / "h1.00_u4"
     cmd = locust_command(plan, 1.0, 4, plan.step_dir(1.0, 4))
-    assert cmd[:3] == [sys.executable, "-m", "locust"] and cmd[4].endswith("locustfiles/hstu.py")
+    assert cmd[:3] == [sys.executable, "-m", "locust"] and cmd[4].endswith("hstu_replay/locustfile.py")
     text = " ".join(cmd)
     for part in ("--headless --only-summary", "-u 4 -r 4", "--hit-ratios 1 ", "--batch-sizes 2",
                  "--stage-seconds 10 --warmup-seconds 2", "--workload dumps --dump-dir d --triton-url h:1",

@@ -12,22 +12,12 @@ import pytest
 from hstu_replay.client.triton import ClientOptions, TritonClient
 from hstu_replay.errors import AccessDenied, ServerError
 from hstu_replay.interface import KVCACHE
-from tests.certs import SENTINEL, SecureServer, start_secure_server
+from tests.certs import SENTINEL, SecureServer
 from tests.client.test_triton import _rekeyed, _request
 from tests.client.test_triton import _tritonclient_logits as tritonclient_logits
 
 pytestmark = pytest.mark.integration
 PROTOCOLS = ["grpc", "http"]
-
-
-@pytest.fixture(scope="module")
-def secure(compiled_repository, tmp_path_factory):
-    from tests.conftest import stop_server
-
-    server = start_secure_server(compiled_repository, tmp_path_factory.mktemp("secure"))
-    yield server
-    assert stop_server(server.handle) == 0
-    assert SENTINEL not in server.handle.log.read_text(errors="replace")
 
 
 def _client(secure: SecureServer, protocol: str, host: str = "127.0.0.1", **options) -> TritonClient:

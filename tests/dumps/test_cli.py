@@ -34,7 +34,6 @@ def only_the_dump_group(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def dump(tmp_path: Path) -> Path:
-    pytest.importorskip("torch")
     from hstu_replay.dumps.writer import write_dump_batch, write_feature_keys
 
     write_dump_batch(tmp_path, 0, BATCH0)
@@ -65,7 +64,6 @@ def test_inspect_json(dump: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_integer_sums_are_exact_beyond_int64(tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("torch")
     from hstu_replay.dumps.writer import write_dump_batch
 
     big = np.full(4, 2**62, dtype=np.int64)

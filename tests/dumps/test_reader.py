@@ -34,7 +34,6 @@ def kvcache_batch(seed: int, users: int = 2) -> dict[str, np.ndarray]:
 
 
 def write(directory: Path, index: int, tensors: dict[str, np.ndarray]) -> None:
-    pytest.importorskip("torch")
     from hstu_replay.dumps.writer import write_dump_batch
 
     write_dump_batch(directory, index, tensors)
@@ -42,7 +41,6 @@ def write(directory: Path, index: int, tensors: dict[str, np.ndarray]) -> None:
 
 @pytest.fixture(scope="module")
 def kv_dump(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, dict]]:
-    pytest.importorskip("torch")
     from hstu_replay.dumps.writer import write_feature_keys
 
     directory = tmp_path_factory.mktemp("kv_dump")

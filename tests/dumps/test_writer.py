@@ -8,12 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from hstu_replay.dumps.archive import read_feature_keys, read_tensor_file
-
-torch = pytest.importorskip("torch")
-
-from hstu_replay.dumps.writer import (  # noqa: E402  (after the skip: writing needs torch)
+from hstu_replay.dumps.writer import (
     write_dump_batch,
     write_feature_keys,
     write_tensor_file,

@@ -6,20 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.certs import SENTINEL, SecureServer, start_secure_server
-from tests.conftest import run_locust, stop_server
+from tests.certs import SENTINEL, SecureServer
+from tests.conftest import run_locust
 
 pytestmark = pytest.mark.integration
 PROTOCOLS = ["grpc", "http"]
 SWEEP = ("-u", "2", "-r", "2", "--workload", "dumps", "--hit-ratios", "0,1.0", "--batch-sizes", "4",
          "--stage-seconds", "3", "--warmup-seconds", "0", "--max-history", "256")
-
-
-@pytest.fixture(scope="module")
-def secure(compiled_repository, tmp_path_factory):
-    server = start_secure_server(compiled_repository, tmp_path_factory.mktemp("secure"))
-    yield server
-    assert stop_server(server.handle) == 0
 
 
 def _args(secure: SecureServer, protocol: str, reference_dumps, ca: str | None, headers: dict[str, str],

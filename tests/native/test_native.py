@@ -146,6 +146,7 @@ def test_native_cli_replay_of_a_repository_passes(replay_binary, reference_dumps
     assert len(lines) == 7 and lines[-1].endswith(" PASS") and "tolerance=0.0001" in lines[-1]
 
 
+@pytest.mark.integration  # builds the C++ replay (about 45 s on a CPU)
 def test_native_io_and_usage_errors_are_one_line(replay_binary, tmp_path, capsys):
     with pytest.raises(InputError, match="no such dump directory") as missing:
         native.replay(tmp_path / "model.pt2", tmp_path / "absent")
@@ -160,6 +161,7 @@ def test_native_io_and_usage_errors_are_one_line(replay_binary, tmp_path, capsys
     assert capsys.readouterr().err.count("\n") == 1
 
 
+@pytest.mark.integration  # builds the C++ replay (about 45 s on a CPU)
 def test_native_build_is_cached(replay_binary):
     stamp = replay_binary.stat().st_mtime_ns
     started = time.perf_counter()

@@ -170,7 +170,6 @@ def test_cli_exports_sessions(sample_store: Path, tmp_path: Path, capsys: pytest
 
 @pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 def test_cli_exports_a_dump(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("torch")
     from hstu_replay.dumps.writer import write_dump_batch
     from hstu_replay.request import build_request
 

@@ -83,8 +83,19 @@ def test_speedup_marks_one_x(report):
 
 
 def test_an_empty_run_draws_axes_and_says_so():
-    for chart in svg.charts({"bins": [_bin("b1_h0.00", 1, None)]}):
-        assert _points(chart) == [] and "no measured stage yet" in chart
+    charts = svg.charts({"bins": [_bin("b1_h0.00", 1, None)]})
+    y_ticks = {"latency": ["0", "1"], "speedup": ["0", "0.2", "0.4", "0.6", "0.8", "1"]}  # speed-up reaches 1x
+    assert [ET.fromstring(c).get("data-chart") for c in charts] == list(y_ticks)
+    for chart in charts:
+        root = ET.fromstring(chart)
+        axes = root.find("s:g[@class='axes']", NS)
+        labels = [t.text for t in axes.findall("s:text", NS)]
+        expected = y_ticks[root.get("data-chart")]
+        # the frame, a grid line and a label at each y tick and at the five x ticks 0 .. 1
+        assert labels[:len(expected) + 5] == [*expected, "0", "0.25", "0.5", "0.75", "1"]
+        assert axes.find("s:rect", NS) is not None and len(axes.findall("s:line", NS)) == len(expected) + 5
+        assert _points(chart) == [] and root.find(".//s:polyline", NS) is None
+        assert "no measured stage yet" in "".join(root.itertext())
 
 
 def test_names_are_escaped():

@@ -46,6 +46,7 @@ def make_user(uid, hist, cand):
     return UserRequest(uid, (1, 2, 3, 4, 5), items[:hist], rng.integers(0, 256, hist, dtype=np.int64), items[hist:])
 
 
+@pytest.mark.integration  # compiles AOTInductor packages (about 40 s on a CPU)
 def test_package_loads_fast_and_matches_eager_cold_and_warm(model, kv_package):
     started = time.perf_counter()
     compiled = load_package(kv_package)
@@ -63,6 +64,7 @@ def test_package_loads_fast_and_matches_eager_cold_and_warm(model, kv_package):
             np.testing.assert_allclose(g.numpy(), w.numpy(), atol=ATOL, rtol=0)
 
 
+@pytest.mark.integration  # compiles AOTInductor packages (about 40 s on a CPU)
 def test_engine_on_the_package_equals_engine_on_eager(model, kv_package):
     engines = [RankingEngine(SMALL, c, KVCache(1 << 16)) for c in (EagerCompute(model), load_package(kv_package))]
     rounds = [[make_user(1, 10, 3), make_user(2, 0, 1)], [make_user(1, 30, 2), make_user(2, 0, 4), make_user(3, 5, 1)]]
@@ -74,6 +76,7 @@ def test_engine_on_the_package_equals_engine_on_eager(model, kv_package):
 
 
 @pytest.mark.parametrize("shape", [[(0, 1)], [(12, 3)], [(4, 2), (0, 5), (40, 1)], [(b, 1 + b % 3) for b in range(8)]])
+@pytest.mark.integration  # compiles AOTInductor packages (about 40 s on a CPU)
 def test_nocache_package_serves_the_published_interface(model, nocache_package, shape):
     users = [make_user(10 + b, hist, cand) for b, (hist, cand) in enumerate(shape)]
     request = build_request(users)
