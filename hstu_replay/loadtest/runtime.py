@@ -12,9 +12,10 @@ import itertools
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hstu_replay.client.triton import ModelBinding
-from hstu_replay.loadtest.options import LoadTestConfig
+from hstu_replay.loadtest.config import LoadTestConfig
 from hstu_replay.loadtest.prepare import Placement, PreparedRun
 from hstu_replay.loadtest.records import RecordWriter
 from hstu_replay.loadtest.schedule import SweepClock
@@ -25,6 +26,9 @@ from hstu_replay.stats.accounting import Accountant
 from hstu_replay.stats.availability import Availability
 from hstu_replay.stats.run_stats import RunStats
 
+if TYPE_CHECKING:
+    from hstu_replay.loadtest.roles import Role
+
 
 class ActiveRun:
     """One test of one process, from its start to the next one."""
@@ -32,16 +36,17 @@ class ActiveRun:
     def __init__(self, prepared: PreparedRun):
         self.prepared = prepared
         self.config = prepared.config
-        self.clock = SweepClock(prepared.schedule, self.config.stage_requests)
+        self.clock = SweepClock(prepared.schedule, self.config.sweep.stage_requests)
         self.stats = RunStats()
         self.server_stages: dict = {}  # bin name -> Triton queue/compute split (master / local)
         placement = prepared.placement
-        budget = self.config.cache_budget_tokens
+        budget = self.config.cache.budget_tokens
         self.cache = CacheModel(None if budget <= 0 else budget // max(placement.worker_count, 1),
-                                self.config.cache_page_tokens)
+                                self.config.cache.page_tokens)
         self.records = None
-        if placement.role != "master":
-            self.records = RecordWriter(Path(self.config.report_dir), f"{placement.role}{placement.worker_index}")
+        if placement.role.replays:
+            self.records = RecordWriter(Path(self.config.report.report_dir),
+                                        f"{placement.role.name}{placement.worker_index}")
         self.accountant = Accountant(self.stats, self.records, placement.worker_index)
         self.availability = Availability(self.stats, self.say)
         self._users = itertools.count()
@@ -63,7 +68,7 @@ class ActiveRun:
         interpreter's teardown can hang the process at exit."""
         from hstu_replay.client.triton import TritonClient
 
-        client = TritonClient(self.config.client_options())
+        client = TritonClient(self.config.target.client_options())
         client.binding = self.prepared.binding
         self._clients.append(client)
         return client
@@ -87,17 +92,16 @@ class ActiveRun:
 
 @dataclass
 class LoadTestRuntime:
-    config: LoadTestConfig  # as last parsed (the web UI may change it between runs)
-    role: str  # local | master | worker
-    worker_index: int = 0
-    worker_count: int = 1
+    config: LoadTestConfig | None  # as last parsed (the web UI may change it between runs); a worker's
+    # arrives with each test start
+    role: Role
     run: ActiveRun | None = None
     binding: ModelBinding | None = None  # detected at init (headless), before any run
     secrets: dict = field(default_factory=dict, repr=False)  # this process's own (options.take_secrets)
 
     @property
     def placement(self) -> Placement:
-        return Placement(self.role, self.worker_index, self.worker_count)
+        return Placement(self.role, self.role.worker_index, self.role.worker_count)
 
     def drop_run(self) -> None:
         if self.run is not None:
