@@ -48,11 +48,10 @@ def _written(environment) -> tuple[dict, dict]:
     thresholds = c.report.thresholds
     report["thresholds"] = None if thresholds.empty else verdict(evaluate(report, thresholds))
     out = Path(c.report.report_dir)
-    if run.prepared.kind.natural:  # the hit ratio each request met
-        from hstu_replay.loadtest.records import read_records
+    if run.rows is not None:  # a natural replay: the hit ratio each request met
         from hstu_replay.report.natural import natural_section, write_natural_csv
 
-        records = read_records(out)
+        records = run.rows.records()
         report["natural"] = natural_section(records)
         write_natural_csv(records, out)
     paths = write_reports(report, out)

@@ -21,7 +21,6 @@ from hstu_replay.loadtest.options import register_arguments, take_secrets
 from hstu_replay.loadtest.prepare import connect, prepare
 from hstu_replay.loadtest.roles import Role, fail, role_for
 from hstu_replay.loadtest.runtime import LoadTestRuntime
-from hstu_replay.stats.run_stats import RunStats
 
 
 @events.init_command_line_parser.add_listener
@@ -77,15 +76,16 @@ def _connect_before_spawning(runtime: LoadTestRuntime) -> None:
 
 def _merge_statistics(environment, runtime: LoadTestRuntime) -> None:
     """Our statistics travel as Locust's do: each worker report carries what the worker counted
-    since its last one, and the master adds it up."""
+    since its last one (counters, histograms, a natural replay's request rows), and the master
+    adds it up."""
 
     def report_to_master(client_id, data, **_):
         if runtime.run is not None:
-            data["hstu"] = runtime.run.stats.take().to_dict()
+            data.update(runtime.run.report_to_master())
 
     def worker_report(client_id, data, **_):
-        if "hstu" in data and runtime.run is not None:
-            runtime.run.stats.merge(RunStats.from_dict(data["hstu"]))
+        if runtime.run is not None:
+            runtime.run.merge_worker_report(data)
 
     environment.events.report_to_master.add_listener(report_to_master)
     environment.events.worker_report.add_listener(worker_report)

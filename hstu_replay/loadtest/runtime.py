@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from hstu_replay.client.triton import ModelBinding
 from hstu_replay.loadtest.config import LoadTestConfig
 from hstu_replay.loadtest.prepare import Placement, PreparedRun
-from hstu_replay.loadtest.records import RecordWriter
+from hstu_replay.loadtest.records import RecordWriter, RequestRows
 from hstu_replay.loadtest.schedule import SweepClock
 from hstu_replay.plan.cache_model import CacheModel
 from hstu_replay.plan.keys import KeyAllocator
@@ -47,7 +47,9 @@ class ActiveRun:
         if placement.role.replays:
             self.records = RecordWriter(Path(self.config.report.report_dir),
                                         f"{placement.role.name}{placement.worker_index}")
-        self.accountant = Accountant(self.stats, self.records, placement.worker_index)
+        self.rows = RequestRows(self.records) if prepared.kind.natural else None  # its report reads every request
+        self.accountant = Accountant(self.stats, self.records if self.rows is None else self.rows,
+                                     placement.worker_index)
         self.availability = Availability(self.stats, self.say)
         self._users = itertools.count()
         self._clients: list = []
@@ -55,6 +57,20 @@ class ActiveRun:
         self.ended = False  # set at test stop
         self.report: dict | None = None  # the last report written (what report.json holds)
         self.users = 0  # the most users spawned at once (Locust's count is 0 again once the test stops)
+
+    def report_to_master(self) -> dict:
+        """What a worker's Locust report carries: what it counted since its last one."""
+        data = {"hstu": self.stats.take().to_dict()}
+        if self.rows is not None:
+            data["hstu_rows"] = self.rows.take()
+        return data
+
+    def merge_worker_report(self, data: dict) -> None:
+        """At the master: a worker's report added to the run's figures."""
+        if "hstu" in data:
+            self.stats.merge(RunStats.from_dict(data["hstu"]))
+        if "hstu_rows" in data and self.rows is not None:
+            self.rows.merge(data["hstu_rows"])
 
     def new_user_index(self) -> int:
         return next(self._users)
