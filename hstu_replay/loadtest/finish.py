@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from hstu_replay.loadtest.options import SECRETS
 from hstu_replay.report.summary import build_report, flagged_stages, format_table, latency_table
 from hstu_replay.report.thresholds import evaluate, verdict
 from hstu_replay.report.writers import write_reports
@@ -18,67 +17,81 @@ def run_metadata(environment) -> dict:
     run = runtime.run
     c, binding = run.config, run.prepared.binding
     return {
-        "model": c.triton_model, "interface": binding.interface.name,
+        "model": c.target.model, "interface": binding.interface.name,
         "caches": binding.interface.uses_cache, "reports_hits": binding.reports_hits,
-        "url": c.triton_url, "protocol": c.triton_protocol, "workload": c.workload,
-        "source": c.dump_dir if c.workload == "dumps" else c.store,
+        "url": c.target.address, "protocol": c.target.protocol.value, "workload": c.data.workload,
+        "source": c.data.path,
         "users": max(run.users, environment.runner.user_count if environment.runner else 0),
-        "workers": runtime.worker_count, "role": runtime.role, "started": run.clock.started_epoch,
+        "workers": runtime.role.worker_count, "role": runtime.role.name, "started": run.clock.started_epoch,
         "history_caps": run.prepared.history_caps(),
-        "options": {k: v for k, v in vars(c).items() if k not in SECRETS},
+        "options": dict(c.options),
     }
 
 
 def current_report(environment) -> dict:
     run = environment.hstu.run
     c = run.config
-    return build_report(run.stats, run_metadata(environment), run.server_stages, c.tolerance,
-                        requested_rps=c.request_rate if c.arrival != "closed" else None, rules=c.stage_rules())
+    return build_report(run.stats, run_metadata(environment), run.server_stages, c.checks.tolerance,
+                        requested_rps=c.sweep.request_rate if c.sweep.arrival.open else None, rules=c.report.rules)
 
 
-def write_final_report(environment, final: bool = False) -> dict:
-    c = environment.hstu.run.config
+def write_report(environment) -> dict:
+    """The run's report as it stands, on disk: at test stop (each run of the web UI gets one)
+    and again, with what arrived since, at quitting (`write_final_report`)."""
+    return _written(environment)[0]
+
+
+def _written(environment) -> tuple[dict, dict]:
+    run = environment.hstu.run
+    c = run.config
     report = current_report(environment)
-    thresholds = c.thresholds()  # validated before the run
+    thresholds = c.report.thresholds
     report["thresholds"] = None if thresholds.empty else verdict(evaluate(report, thresholds))
-    if c.workload == "timeline" and environment.hstu.role != "worker":  # the hit ratio each request met
-        from hstu_replay.loadtest.records import read_records
+    out = Path(c.report.report_dir)
+    if run.rows is not None:  # a natural replay: the hit ratio each request met
         from hstu_replay.report.natural import natural_section, write_natural_csv
 
-        records = read_records(Path(c.report_dir))
+        records = run.rows.records()
         report["natural"] = natural_section(records)
-        write_natural_csv(records, Path(c.report_dir))
-    paths = write_reports(report, Path(c.report_dir))
-    environment.hstu.run.report = report
-    if final:
-        print(format_table(latency_table(report)), flush=True)
-        html = paths.get("html")
-        print(f"hstu-replay: report written to {Path(c.report_dir).resolve()}"
-              + (f" (open {Path(html).resolve()})" if html else ""), flush=True)
-        natural = report.get("natural")
-        if natural and natural["requests"]:
-            print(f"hstu-replay: natural replay: emergent hit ratio {natural['hit_ratio']:.4f} "
-                  f"({natural['hit_source']}) over {natural['requests']} measured requests", flush=True)
-        lost = sum(s["hits_lost"] for s in report["stages"])
-        if lost:
-            print(f"hstu-replay: warning: {lost} requests found less cached than predicted "
-                  "(server restarted, cache emptied or evicted beyond the capacity model)", file=sys.stderr, flush=True)
-        for stage in flagged_stages(report):
-            reasons = "; ".join(f"{f['flag']}: {f['reason']}" for f in stage["flags"])
-            print(f"hstu-replay: warning: stage {stage['name']} is not solid ({reasons})", file=sys.stderr, flush=True)
-        if not report["run"]["reports_hits"] and report["run"]["caches"]:
-            print("hstu-replay: note: the server does not report its cache hits; achieved hit ratios are the "
-                  "client's cache model (predicted)", file=sys.stderr, flush=True)
-        outcome = report["thresholds"]
-        if not any(b["requests"] for b in report["bins"]):
-            print("hstu-replay: error: no request was measured (see the errors above)", file=sys.stderr, flush=True)
-            environment.process_exit_code = 1
-        elif outcome is not None:
-            if outcome["passed"]:
-                environment.process_exit_code = 0
-            else:
-                print(f"hstu-replay: FAIL: {outcome['violations'][0]}"
-                      + (f" (+{len(outcome['violations']) - 1} more)" if len(outcome["violations"]) > 1 else ""),
-                      file=sys.stderr, flush=True)
-                environment.process_exit_code = THRESHOLD_EXIT_CODE
+        write_natural_csv(records, out)
+    paths = write_reports(report, out)
+    run.report = report
+    return report, paths
+
+
+def write_final_report(environment) -> dict:
+    """At quitting: the report written once more, then its summary on the terminal and the
+    process's exit code (the CI verdict)."""
+    report, paths = _written(environment)
+    c = environment.hstu.run.config
+    print(format_table(latency_table(report)), flush=True)
+    html = paths.get("html")
+    print(f"hstu-replay: report written to {Path(c.report.report_dir).resolve()}"
+          + (f" (open {Path(html).resolve()})" if html else ""), flush=True)
+    natural = report.get("natural")
+    if natural and natural["requests"]:
+        print(f"hstu-replay: natural replay: emergent hit ratio {natural['hit_ratio']:.4f} "
+              f"({natural['hit_source']}) over {natural['requests']} measured requests", flush=True)
+    lost = sum(s["hits_lost"] for s in report["stages"])
+    if lost:
+        print(f"hstu-replay: warning: {lost} requests found less cached than predicted "
+              "(server restarted, cache emptied or evicted beyond the capacity model)", file=sys.stderr, flush=True)
+    for stage in flagged_stages(report):
+        reasons = "; ".join(f"{f['flag']}: {f['reason']}" for f in stage["flags"])
+        print(f"hstu-replay: warning: stage {stage['name']} is not solid ({reasons})", file=sys.stderr, flush=True)
+    if not report["run"]["reports_hits"] and report["run"]["caches"]:
+        print("hstu-replay: note: the server does not report its cache hits; achieved hit ratios are the "
+              "client's cache model (predicted)", file=sys.stderr, flush=True)
+    outcome = report["thresholds"]
+    if not any(b["requests"] for b in report["bins"]):
+        print("hstu-replay: error: no request was measured (see the errors above)", file=sys.stderr, flush=True)
+        environment.process_exit_code = 1
+    elif outcome is not None:
+        if outcome["passed"]:
+            environment.process_exit_code = 0
+        else:
+            print(f"hstu-replay: FAIL: {outcome['violations'][0]}"
+                  + (f" (+{len(outcome['violations']) - 1} more)" if len(outcome["violations"]) > 1 else ""),
+                  file=sys.stderr, flush=True)
+            environment.process_exit_code = THRESHOLD_EXIT_CODE
     return report

@@ -7,12 +7,16 @@ before any load). What comes out is frozen: the running phase only reads it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hstu_replay.client.triton import ModelBinding, TritonClient
 from hstu_replay.errors import ConfigError
-from hstu_replay.loadtest.options import LoadTestConfig
+from hstu_replay.loadtest.config import LoadTestConfig, TargetConfig
 from hstu_replay.loadtest.schedule import Schedule
-from hstu_replay.plan.workloads import Workload, WorkloadOptions, open_workload
+from hstu_replay.plan.workloads import Workload, WorkloadKind, WorkloadOptions
+
+if TYPE_CHECKING:
+    from hstu_replay.loadtest.roles import Role
 
 NATURAL = float("nan")  # the target ratio of a natural-replay stage: none, the ratio emerges
 
@@ -21,7 +25,7 @@ NATURAL = float("nan")  # the target ratio of a natural-replay stage: none, the 
 class Placement:
     """Which process of a run this is."""
 
-    role: str  # local | master | worker
+    role: Role
     worker_index: int = 0
     worker_count: int = 1
 
@@ -35,6 +39,15 @@ class PreparedRun:
     workload: Workload | None  # None on a master: its workers replay the data
 
     @property
+    def kind(self) -> WorkloadKind:
+        return self.config.data.kind
+
+    @property
+    def paced_by_arrivals(self) -> bool:
+        """Open loop whose send times come from the arrival clock (a natural replay's steps say when)."""
+        return self.config.sweep.arrival.open and not self.kind.natural
+
+    @property
     def caches(self) -> bool:
         """Whether hit ratios apply: the served model keeps a KV cache."""
         return self.binding.interface.uses_cache
@@ -43,13 +56,13 @@ class PreparedRun:
         """Batch size -> longest history sent, where --max-values caps it below --max-history."""
         if self.workload is None:
             return {}
-        caps = {b: self.workload.history_cap(b) for b in self.config.batches}
-        return {b: c for b, c in caps.items() if c is not None and c < self.config.max_history}
+        caps = {b: self.workload.history_cap(b) for b in self.config.sweep.batches}
+        return {b: c for b, c in caps.items() if c is not None and c < self.config.data.max_history}
 
 
-def connect(config: LoadTestConfig) -> ModelBinding:
+def connect(target: TargetConfig) -> ModelBinding:
     """The served model's interface (one line if the server or model is not usable)."""
-    client = TritonClient(config.client_options())
+    client = TritonClient(target.client_options())
     try:
         return client.connect()
     finally:
@@ -57,20 +70,19 @@ def connect(config: LoadTestConfig) -> ModelBinding:
 
 
 def prepare(config: LoadTestConfig, placement: Placement, binding: ModelBinding | None = None) -> PreparedRun:
-    if config.stage_requests and placement.role != "local":
+    if config.sweep.stage_requests and not placement.role.ends_stages_on_count:
         raise ConfigError("--stage-requests ends stages in one process; distributed stages end on --stage-seconds")
-    binding = binding or connect(config)
+    binding = binding or connect(config.target)
+    data, sweep = config.data, config.sweep
     workload = None
-    if placement.role != "master":
-        options = WorkloadOptions(config.dump_dir if config.workload == "dumps" else config.store,
-                                  config.candidates, config.limits, config.seed, placement.worker_index,
-                                  placement.worker_count, config.time_scale,
-                                  config.request_rate if config.arrival != "closed" else 0.0, config.time_slice_ms,
-                                  config.shard)
-        workload = open_workload(config.workload, options)
-        workload.check(config.batches)
-    ratios = config.ratios if binding.interface.uses_cache else (0.0,)  # nothing to hit: one cold stage
-    if config.workload == "timeline":
+    if placement.role.replays:
+        options = WorkloadOptions(data.path, data.candidates, data.limits, data.seed, placement.worker_index,
+                                  placement.worker_count, data.time_scale, sweep.open_rate, data.time_slice_ms,
+                                  data.shard)
+        workload = data.kind.opens(options)
+        workload.check(sweep.batches)
+    ratios = sweep.ratios if binding.interface.uses_cache else (0.0,)  # nothing to hit: one cold stage
+    if data.kind.natural:
         ratios = (NATURAL,)  # one stage: the hit ratio is whatever the server's cache gives
-    schedule = Schedule(config.batches, ratios, config.warmup_seconds, config.stage_seconds)
+    schedule = Schedule(sweep.batches, ratios, sweep.warmup_seconds, sweep.stage_seconds)
     return PreparedRun(config, placement, binding, schedule, workload)

@@ -39,3 +39,38 @@ def read_records(directory: Path) -> list[dict]:
             except orjson.JSONDecodeError:
                 continue
     return records
+
+
+#: What a natural replay's report section and CSV read of each record (report.natural), in order.
+ROW_FIELDS = ("t", "kind", "latency_ms", "tokens", "observed_hits", "predicted_hits", "ok", "label")
+
+
+class RequestRows:
+    """A natural replay's per-request rows, kept as its records are written (to `sink`, the
+    records file, where there is one). They travel like the other statistics: a worker hands
+    the rows it gathered since its last Locust report to the master (`take`), which adds them
+    up (`merge`); the report is built from them, not from files the master may not see."""
+
+    def __init__(self, sink: RecordWriter | None = None):
+        self.sink = sink
+        self.rows: list[tuple] = []
+
+    def write(self, record: dict) -> None:
+        if self.sink is not None:
+            self.sink.write(record)
+        hits = record["observed_hits"]
+        self.rows.append((float(record["t"]), str(record["kind"]), float(record["latency_ms"]), int(record["tokens"]),
+                          None if hits is None else int(hits), int(record["predicted_hits"]), bool(record["ok"]),
+                          str(record["label"])))
+
+    def take(self) -> list[tuple]:
+        """The rows gathered since the last take (for a worker's report)."""
+        rows, self.rows = self.rows, []
+        return rows
+
+    def merge(self, rows) -> None:
+        self.rows.extend(tuple(row) for row in rows)
+
+    def records(self) -> list[dict]:
+        """The rows as records (the fields report.natural reads)."""
+        return [dict(zip(ROW_FIELDS, row)) for row in self.rows]

@@ -12,11 +12,12 @@ import itertools
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hstu_replay.client.triton import ModelBinding
-from hstu_replay.loadtest.options import LoadTestConfig
+from hstu_replay.loadtest.config import LoadTestConfig
 from hstu_replay.loadtest.prepare import Placement, PreparedRun
-from hstu_replay.loadtest.records import RecordWriter
+from hstu_replay.loadtest.records import RecordWriter, RequestRows
 from hstu_replay.loadtest.schedule import SweepClock
 from hstu_replay.plan.cache_model import CacheModel
 from hstu_replay.plan.keys import KeyAllocator
@@ -25,6 +26,9 @@ from hstu_replay.stats.accounting import Accountant
 from hstu_replay.stats.availability import Availability
 from hstu_replay.stats.run_stats import RunStats
 
+if TYPE_CHECKING:
+    from hstu_replay.loadtest.roles import Role
+
 
 class ActiveRun:
     """One test of one process, from its start to the next one."""
@@ -32,17 +36,20 @@ class ActiveRun:
     def __init__(self, prepared: PreparedRun):
         self.prepared = prepared
         self.config = prepared.config
-        self.clock = SweepClock(prepared.schedule, self.config.stage_requests)
+        self.clock = SweepClock(prepared.schedule, self.config.sweep.stage_requests)
         self.stats = RunStats()
         self.server_stages: dict = {}  # bin name -> Triton queue/compute split (master / local)
         placement = prepared.placement
-        budget = self.config.cache_budget_tokens
+        budget = self.config.cache.budget_tokens
         self.cache = CacheModel(None if budget <= 0 else budget // max(placement.worker_count, 1),
-                                self.config.cache_page_tokens)
+                                self.config.cache.page_tokens)
         self.records = None
-        if placement.role != "master":
-            self.records = RecordWriter(Path(self.config.report_dir), f"{placement.role}{placement.worker_index}")
-        self.accountant = Accountant(self.stats, self.records, placement.worker_index)
+        if placement.role.replays:
+            self.records = RecordWriter(Path(self.config.report.report_dir),
+                                        f"{placement.role.name}{placement.worker_index}")
+        self.rows = RequestRows(self.records) if prepared.kind.natural else None  # its report reads every request
+        self.accountant = Accountant(self.stats, self.records if self.rows is None else self.rows,
+                                     placement.worker_index)
         self.availability = Availability(self.stats, self.say)
         self._users = itertools.count()
         self._clients: list = []
@@ -50,6 +57,20 @@ class ActiveRun:
         self.ended = False  # set at test stop
         self.report: dict | None = None  # the last report written (what report.json holds)
         self.users = 0  # the most users spawned at once (Locust's count is 0 again once the test stops)
+
+    def report_to_master(self) -> dict:
+        """What a worker's Locust report carries: what it counted since its last one."""
+        data = {"hstu": self.stats.take().to_dict()}
+        if self.rows is not None:
+            data["hstu_rows"] = self.rows.take()
+        return data
+
+    def merge_worker_report(self, data: dict) -> None:
+        """At the master: a worker's report added to the run's figures."""
+        if "hstu" in data:
+            self.stats.merge(RunStats.from_dict(data["hstu"]))
+        if "hstu_rows" in data and self.rows is not None:
+            self.rows.merge(data["hstu_rows"])
 
     def new_user_index(self) -> int:
         return next(self._users)
@@ -63,7 +84,7 @@ class ActiveRun:
         interpreter's teardown can hang the process at exit."""
         from hstu_replay.client.triton import TritonClient
 
-        client = TritonClient(self.config.client_options())
+        client = TritonClient(self.config.target.client_options())
         client.binding = self.prepared.binding
         self._clients.append(client)
         return client
@@ -87,17 +108,16 @@ class ActiveRun:
 
 @dataclass
 class LoadTestRuntime:
-    config: LoadTestConfig  # as last parsed (the web UI may change it between runs)
-    role: str  # local | master | worker
-    worker_index: int = 0
-    worker_count: int = 1
+    config: LoadTestConfig | None  # as last parsed (the web UI may change it between runs); a worker's
+    # arrives with each test start
+    role: Role
     run: ActiveRun | None = None
     binding: ModelBinding | None = None  # detected at init (headless), before any run
     secrets: dict = field(default_factory=dict, repr=False)  # this process's own (options.take_secrets)
 
     @property
     def placement(self) -> Placement:
-        return Placement(self.role, self.worker_index, self.worker_count)
+        return Placement(self.role, self.role.worker_index, self.role.worker_count)
 
     def drop_run(self) -> None:
         if self.run is not None:

@@ -37,8 +37,8 @@ def split(before: dict, after: dict) -> dict[str, float]:
 
 
 def watch(environment, run) -> None:
-    model = run.config.triton_model
-    client = TritonClient(run.config.client_options())
+    model = run.config.target.model
+    client = TritonClient(run.config.target.client_options())
     pending: dict = {}  # the stage whose window is open, and the snapshot taken when it opened
 
     def close_window() -> None:

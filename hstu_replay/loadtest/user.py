@@ -38,19 +38,20 @@ class HstuUser(User):
         self.index = self.run.new_user_index()
         self.client = self.run.open_client()
         self.source = self.run.source_for(self.index)
-        self.rng = random.Random(self.run.config.seed * 7919 + self.index)
+        self.rng = random.Random(self.run.config.data.seed * 7919 + self.index)
         self.arrivals: ArrivalClock | None = None
         self.epoch = self.run.availability.epoch  # of the server's cache, as this user planned for it
         self.backoff = 0.0
 
     def _arrival_clock(self) -> ArrivalClock | None:
         """Open loop: this user's share of the rate, from the sweep's start."""
-        config = self.run.config
-        if config.arrival == "closed":
+        sweep = self.run.config.sweep
+        if not sweep.arrival.open:
             return None
         options = self.environment.parsed_options  # the master's -u reaches workers as hstu_total_users
         users = int(getattr(options, "hstu_total_users", 0) or getattr(options, "num_users", 0) or 1)
-        return ArrivalClock(config.arrival, config.request_rate / max(users, 1), self.run.clock.started_at, self.rng)
+        return ArrivalClock(sweep.arrival.value, sweep.request_rate / max(users, 1), self.run.clock.started_at,
+                            self.rng)
 
     def on_stop(self):
         if hasattr(self, "client"):
@@ -59,11 +60,11 @@ class HstuUser(User):
     @task
     def replay(self):
         run = self.run
-        if run is None or not run.clock.started or run.clock.over() or getattr(self.source, "exhausted", False):
+        if run is None or not run.clock.started or run.clock.over() or self.source.exhausted:
             gevent.sleep(IDLE_S)
             return
         intended = None
-        if run.config.arrival != "closed" and run.config.workload != "timeline":  # a timeline's steps say when
+        if run.prepared.paced_by_arrivals:
             self.arrivals = self.arrivals or self._arrival_clock()
             intended = self.arrivals.next()
         position = run.clock.position(intended)
@@ -133,20 +134,21 @@ class HstuUser(User):
             outcome.lag_s = max(start - intended, 0.0)
         exception = RuntimeError(outcome.error) if outcome.error else None
         if not prime and outcome.ok and step.reference is not None:
-            if self.rng.random() < run.config.verify_fraction:
-                outcome.verdict = compare(outcome.logits, step.reference, request.num_candidates, run.config.tolerance)
+            checks = run.config.checks
+            if self.rng.random() < checks.verify_fraction:
+                outcome.verdict = compare(outcome.logits, step.reference, request.num_candidates, checks.tolerance)
                 if not outcome.verdict.ok:
                     v = outcome.verdict
                     user = int(request.users()[v.worst_user].user_id) if v.worst_user >= 0 else -1
                     outcome.mismatch = (f"mismatch in {step.label}: user {user} max |diff| {v.max_abs_diff:.4g} "
-                                        f"> {run.config.tolerance} {v.reason}").rstrip()
+                                        f"> {checks.tolerance} {v.reason}").rstrip()
                     exception = MismatchError(outcome.mismatch)
         hits = (0,) * request.batch_size if prime else step.expected_hits
         run.accountant.file(Sent(kind, position.stage.key, request, hits, predicted, outcome, label, self.index))
         if kind == "measure" and outcome.ok:
             run.clock.measured(position.stage)
         self.environment.events.request.fire(
-            request_type=run.config.triton_protocol, name=request_name(position, "prime" if prime else kind),
+            request_type=run.config.target.protocol.value, name=request_name(position, "prime" if prime else kind),
             response_time=outcome.latency_s * 1e3, response_length=0 if outcome.logits is None else outcome.logits.nbytes,
             exception=exception, context={"label": step.label},
         )

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import argparse
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from hstu_replay.errors import ConfigError
-from hstu_replay.loadtest.options import PATH_OPTIONS, SECRETS, ADDRESS_OPTIONS, LoadTestConfig
+from hstu_replay.loadtest.config import LoadTestConfig
+from hstu_replay.loadtest.options import ADDRESS_OPTIONS, OPTIONS, PATH_OPTIONS, SECRETS
 
 LOCUST_FIELDS = frozenset({"user_count", "spawn_rate", "host", "run_time", "user_classes", "shape_class", "profile"})
-OPTION_FIELDS = frozenset(f.name for f in fields(LoadTestConfig))
+OPTION_FIELDS = frozenset(o.dest for o in OPTIONS)
 
 
 def form_name(dest: str) -> str:

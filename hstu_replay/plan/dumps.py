@@ -69,6 +69,10 @@ class DumpSource:
                  limits: Limits):
         self.pool, self.dealer, self.held, self.keys, self.limits = pool, dealer, held, keys, limits
 
+    @property
+    def exhausted(self) -> bool:
+        return False  # users are dealt again and again: never runs dry
+
     def next_step(self, target: float, batch_size: int) -> PlannedStep:
         chosen: list[int] = []
         try:

@@ -52,6 +52,10 @@ class SessionSource:
         self._boundaries: dict[int, np.ndarray] = {}
         self._retired: list[int] = []  # keys never to be sent again, handed out by `settle`
 
+    @property
+    def exhausted(self) -> bool:
+        return False  # users are dealt again and again: never runs dry
+
     def next_step(self, target: float, batch_size: int) -> PlannedStep:
         cap = self.limits.history_cap(batch_size, self.candidates)
         while len(self._slots) < batch_size:

@@ -1,8 +1,11 @@
-"""The workloads a run replays, by name (`--workload`).
+"""The workloads a run replays, by name (`--workload`): the registry `WORKLOADS`.
 
-A workload opens its data once per process, checks it against the run's batch sizes and
-limits before any load (one line naming what and where), and makes one step source per
-virtual user. Every source of a process shares its dealer, so no two slots replay one user.
+Each is declared once (`WorkloadKind`): its name, the option naming its data, and what sets it
+apart (a natural replay keeps the log's own times and lets the hit ratio emerge). A workload
+opens its data once per process, checks it against the run's batch sizes and limits before any
+load (one line naming what and where), and makes one step source per virtual user. Every source
+of a process shares its dealer, so no two slots replay one user. Adding a workload is one class
+and one `WorkloadKind` here; nothing else names workloads.
 """
 
 from __future__ import annotations
@@ -19,6 +22,13 @@ from hstu_replay.plan.step import PlannedStep
 
 
 class StepSource(Protocol):
+    """One virtual user's stream of steps."""
+
+    @property
+    def exhausted(self) -> bool:
+        """True once the source has nothing more to send (a natural replay's log ran out);
+        a source that never runs dry says False."""
+
     def next_step(self, target: float, batch_size: int) -> PlannedStep: ...
 
     def settle(self, step: PlannedStep, ok: bool) -> list[int]:
@@ -42,8 +52,6 @@ class WorkloadOptions:
 
 
 class Workload(Protocol):
-    name: str
-
     def check(self, batch_sizes: tuple[int, ...]) -> None: ...
 
     def history_cap(self, batch_size: int) -> int | None: ...
@@ -52,7 +60,7 @@ class Workload(Protocol):
 
 
 class SessionWorkload:
-    name, flag = "sessions", "--store"
+    flag = "--store"
 
     def __init__(self, options: WorkloadOptions):
         from hstu_replay.data.store import SequenceStore
@@ -87,7 +95,7 @@ class SessionWorkload:
 
 
 class DumpWorkload:
-    name, flag = "dumps", "--dump-dir"
+    flag = "--dump-dir"
 
     def __init__(self, options: WorkloadOptions):
         from hstu_replay.dumps.reader import read_dump
@@ -131,7 +139,7 @@ class DumpWorkload:
 class TimelineWorkload:
     """Natural replay: every user's visits in the log's time order, each user on one key."""
 
-    name, flag = "timeline", "--store"
+    flag = "--store"
 
     def __init__(self, options: WorkloadOptions):
         from hstu_replay.data.store import SequenceStore
@@ -180,12 +188,50 @@ def _open(flag: str, path: str, opener: Callable):
         raise ConfigError(f"{flag} {path}: {reason}") from None
 
 
-#: --workload name -> its class
-WORKLOADS: dict[str, Callable[[WorkloadOptions], Workload]] = {
-    w.name: w for w in (SessionWorkload, DumpWorkload, TimelineWorkload)}
+@dataclass(frozen=True)
+class WorkloadKind:
+    """A `--workload`, as the rest of the run sees it."""
+
+    name: str
+    opens: Callable[[WorkloadOptions], Workload]
+    data_option: str  # the option naming its data: "store" or "dump_dir"
+    data_needed: str  # what the error says is missing when that option is empty
+    help: str  # one phrase for --workload's help
+    natural: bool = False  # replays the log's own times: its steps say when they go (no arrival clock),
+    # one stage whose hit ratio emerges, --time-scale / --timeline-shard apply, a natural report section;
+    # its sources run dry when the log ends (StepSource.exhausted)
+
+    @property
+    def data_flag(self) -> str:
+        return "--" + self.data_option.replace("_", "-")
+
+
+#: --workload name -> its declaration
+WORKLOADS: dict[str, WorkloadKind] = {k.name: k for k in (
+    WorkloadKind("sessions", SessionWorkload, "store", "--store (a prepared KuaiRand store)",
+                 "sessions (replay a prepared store)"),
+    WorkloadKind("dumps", DumpWorkload, "dump_dir", "--dump-dir", "dumps (NVIDIA dump dir)"),
+    WorkloadKind("timeline", TimelineWorkload, "store", "--store (a prepared KuaiRand store)",
+                 "timeline (natural replay of a store in the log's time order)", natural=True),
+)}
+
+
+def one_of(names) -> str:
+    """'a, b or c'."""
+    names = list(names)
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
+
+
+def workload_kind(name: str) -> WorkloadKind:
+    if name not in WORKLOADS:
+        raise ConfigError(f"--workload {name!r}: use {one_of(WORKLOADS)}")
+    return WORKLOADS[name]
+
+
+def natural_workloads() -> str:
+    """The --workload values that replay the log's own times, for messages ('timeline')."""
+    return one_of(k.name for k in WORKLOADS.values() if k.natural)
 
 
 def open_workload(name: str, options: WorkloadOptions) -> Workload:
-    if name not in WORKLOADS:
-        raise ConfigError(f"--workload {name!r}: use one of {', '.join(WORKLOADS)}")
-    return WORKLOADS[name](options)
+    return workload_kind(name).opens(options)

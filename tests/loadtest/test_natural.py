@@ -12,7 +12,8 @@ from hstu_replay.interface import Limits
 from hstu_replay.loadtest.records import read_records
 from hstu_replay.plan.cache_curve import cache_curve
 from hstu_replay.plan.timeline import build_trace, group_requests
-from tests.conftest import run_locust, start_server, stop_server
+from hstu_replay.report.natural import NATURAL_CSV, natural_section, write_natural_csv
+from tests.conftest import run_distributed, run_locust, start_server, stop_server
 
 pytestmark = pytest.mark.integration
 
@@ -110,3 +111,24 @@ def test_time_scale_sends_each_visit_at_its_log_time_compressed(budgeted_server,
         assert (log_ms - int(trace.times_ms[0])) / 1e3 / scale == pytest.approx(intended)  # in the log's order
         assert r["t"] - r["lag_ms"] / 1e3 - started == pytest.approx(intended, abs=0.05)  # planned at its time
     assert sorted(r["lag_ms"] for r in records)[len(records) // 2] < 500
+
+
+def test_a_distributed_natural_report_is_built_from_what_the_workers_sent(budgeted_server, long_store, tmp_path):
+    """The master builds the natural section from the request rows its workers sent with their
+    statistics: the same section and CSV the records files on disk give."""
+    import json
+
+    code, report_dir, log = run_distributed(
+        tmp_path, "--triton-url", budgeted_server.grpc_url, "--workload", "timeline", "--store", str(long_store),
+        "--batch-sizes", "1", "--arrival", "constant", "--request-rate", "20", "--stage-seconds", "6",
+        "--warmup-seconds", "1", "--max-history", "256", "--cache-budget-tokens", str(BUDGET))
+    assert code == 0, log[-3000:]
+    report = json.loads((report_dir / "report.json").read_text())
+    records = read_records(report_dir)
+    assert {r["worker"] for r in records} == {0, 1}
+    measured = [r for r in records if r["kind"] == "measure" and r["ok"]]
+    assert report["natural"]["requests"] == len(measured) > 0
+    assert report["natural"] == json.loads(json.dumps(natural_section(records)))
+    (tmp_path / "from_files").mkdir()
+    assert ((report_dir / NATURAL_CSV).read_text()
+            == write_natural_csv(records, tmp_path / "from_files").read_text())

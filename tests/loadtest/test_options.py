@@ -7,7 +7,9 @@ import argparse
 import pytest
 
 from hstu_replay.errors import ConfigError
-from hstu_replay.loadtest.options import LoadTestConfig, resolve_address, take_secrets
+from hstu_replay.loadtest.address import resolve_address
+from hstu_replay.loadtest.config import LoadTestConfig
+from hstu_replay.loadtest.options import take_secrets
 
 
 @pytest.mark.parametrize("host, url, protocol, ssl, expected", [
@@ -44,9 +46,9 @@ def test_conflicting_or_malformed_addresses_are_refused(host, url, protocol, ssl
 def test_the_config_takes_the_host_and_shows_it_as_a_url(tmp_path):
     parsed = argparse.Namespace(workload="dumps", dump_dir=str(tmp_path), triton_url="")
     config = LoadTestConfig.from_options(parsed, host="https://triton.example:8443")
-    assert (config.triton_url, config.triton_protocol, config.triton_ssl) == ("triton.example:8443", "http", True)
-    assert config.address_url == "https://triton.example:8443"
-    assert LoadTestConfig.from_options(parsed).address_url == "grpc://127.0.0.1:8001"
+    assert (config.target.address, config.target.protocol, config.target.ssl) == ("triton.example:8443", "http", True)
+    assert config.target.url == "https://triton.example:8443"
+    assert LoadTestConfig.from_options(parsed).target.url == "grpc://127.0.0.1:8001"
 
 
 def test_secrets_leave_the_options_and_reach_only_the_config(tmp_path):
@@ -56,7 +58,7 @@ def test_secrets_leave_the_options_and_reach_only_the_config(tmp_path):
     assert secrets == {"triton_headers": sentinel}
     assert parsed.triton_headers == ""  # what a master would send to its workers
     config = LoadTestConfig.from_options(parsed, secrets=secrets)
-    assert config.client_options().headers == {"x-auth": "SENTINEL-7f3a"}
+    assert config.target.client_options().headers == {"x-auth": "SENTINEL-7f3a"}
     assert "SENTINEL" not in repr(config)
 
 

@@ -1,0 +1,268 @@
+"""A run's typed config: one frozen section per stage of the run, validated once when built.
+
+`LoadTestConfig.from_options` reads Locust's parsed options (`loadtest.options`), folds the
+address options into one target, and builds the sections; each section checks its own values
+and the config checks what spans two of them. Every error names the option, the value and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from hstu_replay.client.triton import ClientOptions
+from hstu_replay.errors import ConfigError
+from hstu_replay.interface import Limits
+from hstu_replay.loadtest.address import address_url, resolve_address
+from hstu_replay.loadtest.options import SECRETS, option_values
+from hstu_replay.plan.workloads import WorkloadKind, natural_workloads, one_of, workload_kind
+from hstu_replay.report.flags import StageRules
+from hstu_replay.report.thresholds import Thresholds, parse_thresholds
+
+
+class Arrival(StrEnum):
+    """--arrival: how requests are paced."""
+
+    CLOSED = "closed"  # back to back
+    CONSTANT = "constant"  # open loop, evenly spaced
+    POISSON = "poisson"  # open loop, exponential gaps
+
+    @property
+    def open(self) -> bool:
+        return self is not Arrival.CLOSED
+
+
+class TritonProtocol(StrEnum):
+    GRPC = "grpc"
+    HTTP = "http"
+
+
+def _choice(enum: type[StrEnum], flag: str, value: str, message: str | None = None):
+    try:
+        return enum(value)
+    except ValueError:
+        raise ConfigError(message or f"{flag} {value!r}: use one of {', '.join(e.value for e in enum)}") from None
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """Where requests go and how (--host / --triton-*)."""
+
+    address: str  # host:port
+    protocol: TritonProtocol
+    ssl: bool
+    model: str
+    root_cert: str
+    headers: str = field(repr=False)  # secret: 'name=value,...'
+    timeout_s: float = 30.0
+
+    def __post_init__(self):
+        self.header_map()  # a malformed item is named before the run (its value never is)
+
+    @property
+    def url(self) -> str:
+        """The address as a URL (what Locust's Host field shows)."""
+        return address_url(self.address, self.protocol.value, self.ssl)
+
+    def header_map(self) -> dict[str, str]:
+        headers = {}
+        for part in filter(None, (p.strip() for p in self.headers.split(","))):
+            name, sep, value = part.partition("=")
+            if not sep or not name.strip():
+                raise ConfigError(f"--triton-headers: item {len(headers) + 1} is not name=value (value not shown)")
+            headers[name.strip()] = value.strip()
+        return headers
+
+    def client_options(self) -> ClientOptions:
+        return ClientOptions(url=self.address, protocol=self.protocol.value, model=self.model, ssl=self.ssl,
+                             root_certificates=self.root_cert or None, headers=self.header_map(),
+                             timeout_s=self.timeout_s)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """What is replayed (--workload and its data, the request limits, natural replay's pacing)."""
+
+    kind: WorkloadKind
+    store: str
+    dump_dir: str
+    candidates: int
+    max_history: int
+    max_values: int
+    seed: int
+    time_scale: float = 0.0
+    time_slice_ms: int = 0
+    shard: tuple[int, int] = (0, 1)  # --timeline-shard i/n; (0, 1): every user
+
+    def __post_init__(self):
+        if not getattr(self, self.kind.data_option):
+            raise ConfigError(f"--workload {self.kind.name} needs {self.kind.data_needed}")
+        if self.time_scale < 0 or self.time_slice_ms < 0:
+            raise ConfigError(f"--time-scale {self.time_scale} / --time-slice-ms {self.time_slice_ms}: use 0 or more")
+        if self.time_scale > 0 and not self.kind.natural:
+            raise ConfigError(f"--time-scale replays the log's own times: only with --workload {natural_workloads()}")
+        if self.shard != (0, 1) and not self.kind.natural:
+            raise ConfigError(f"--timeline-shard splits a natural replay's users: only with --workload "
+                              f"{natural_workloads()}")
+        if not 1 <= self.candidates <= self.limits.max_candidates:
+            raise ConfigError(f"--candidates {self.candidates}: use 1..{self.limits.max_candidates} "
+                              "(the published model's limit)")
+        if self.max_history < 1 or self.max_values < 1:
+            raise ConfigError(f"--max-history {self.max_history} / --max-values {self.max_values}: at least 1")
+
+    @property
+    def workload(self) -> str:
+        return self.kind.name
+
+    @property
+    def path(self) -> str:
+        """The store or dump directory the workload reads."""
+        return getattr(self, self.kind.data_option)
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(max_history=self.max_history, max_values=self.max_values)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The server's KV cache, as the client's cache model sees it."""
+
+    budget_tokens: int = 0  # 0: unbounded
+    page_tokens: int = 32
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """The stages and how load is offered in them."""
+
+    ratios: tuple[float, ...]
+    batches: tuple[int, ...]
+    arrival: Arrival
+    request_rate: float
+    stage_seconds: float
+    stage_requests: int
+    warmup_seconds: float
+
+    def __post_init__(self):
+        if self.arrival.open and self.request_rate <= 0:
+            raise ConfigError(f"--arrival {self.arrival} needs --request-rate > 0")
+        if self.stage_requests < 0:
+            raise ConfigError(f"--stage-requests {self.stage_requests}: use 0 (off) or a count")
+        if self.stage_seconds <= 0 or self.warmup_seconds < 0:
+            raise ConfigError("--stage-seconds must be > 0 and --warmup-seconds >= 0")
+
+    @property
+    def open_rate(self) -> float:
+        """Requests per second of an open loop; 0 when closed."""
+        return self.request_rate if self.arrival.open else 0.0
+
+
+@dataclass(frozen=True)
+class CheckConfig:
+    """How responses are verified against the references."""
+
+    verify_fraction: float = 1.0
+    tolerance: float = 0.0625
+
+    def __post_init__(self):
+        if not 0.0 <= self.verify_fraction <= 1.0:
+            raise ConfigError(f"--verify-fraction {self.verify_fraction}: use 0..1")
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """Where the report goes, what flags a stage, and the CI thresholds."""
+
+    report_dir: str
+    rules: StageRules
+    thresholds: Thresholds
+
+
+@dataclass(frozen=True)
+class LoadTestConfig:
+    target: TargetConfig
+    data: DataConfig
+    cache: CacheConfig
+    sweep: SweepConfig
+    checks: CheckConfig
+    report: ReportConfig
+    options: dict  # every option as given (the address resolved), secrets left out: report.json's "options"
+
+    def __post_init__(self):
+        if self.data.time_scale > 0 and self.sweep.arrival.open:
+            raise ConfigError("--time-scale sets the send times itself: leave --arrival closed")
+
+    @classmethod
+    def from_options(cls, parsed, host: str | None = None, secrets: dict | None = None) -> LoadTestConfig:
+        """The config of Locust's parsed options; `host` is Locust's --host / Host field (the
+        target address), `secrets` the values kept out of the options (see `options.take_secrets`)."""
+        values = option_values(parsed, secrets)
+        address = resolve_address(host, values["triton_url"], values["triton_protocol"], values["triton_ssl"])
+        values["triton_url"], values["triton_protocol"], values["triton_ssl"] = address
+        return cls.from_values(values)
+
+    @classmethod
+    def from_values(cls, v: dict) -> LoadTestConfig:
+        """The config of typed option values (`options.option_values`), checked."""
+        sweep = SweepConfig(_ratios(v["hit_ratios"]), _batches(v["batch_sizes"]),
+                            _choice(Arrival, "--arrival", v["arrival"]), v["request_rate"], v["stage_seconds"],
+                            v["stage_requests"], v["warmup_seconds"])
+        kind = workload_kind(v["workload"])
+        data = DataConfig(kind, v["store"], v["dump_dir"], v["candidates"], v["max_history"], v["max_values"],
+                          v["seed"], v["time_scale"], v["time_slice_ms"], _shard(v["timeline_shard"]))
+        checks = CheckConfig(v["verify_fraction"], v["tolerance"])
+        cache = CacheConfig(v["cache_budget_tokens"], v["cache_page_tokens"])
+        if v["min_stage_requests"] < 1 or v["max_loop_lag_ms"] <= 0:
+            raise ConfigError("--min-stage-requests must be >= 1 and --max-loop-lag-ms > 0")
+        protocol = _choice(TritonProtocol, "--triton-protocol", v["triton_protocol"],
+                           f"--triton-protocol {v['triton_protocol']!r}: use {one_of(p.value for p in TritonProtocol)}")
+        target = TargetConfig(v["triton_url"], protocol, v["triton_ssl"], v["triton_model"], v["triton_root_cert"],
+                              v["triton_headers"], v["triton_timeout"])
+        target.client_options()  # the client's own checks
+        report = ReportConfig(
+            v["report_dir"], StageRules(v["min_stage_requests"], cache.page_tokens,
+                                        loop_lag_bound_ms=v["max_loop_lag_ms"]),
+            parse_thresholds(None if v["max_mismatches"] < 0 else v["max_mismatches"],
+                             None if v["max_error_ratio"] < 0 else v["max_error_ratio"],
+                             v["max_p99_ms"], v["min_speedup"]))
+        options = {name: value for name, value in v.items() if name not in SECRETS}
+        return cls(target, data, cache, sweep, checks, report, options)
+
+
+def _float_list(text: str, flag: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in str(text).split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: give comma-separated numbers") from None
+    if not values:
+        raise ConfigError(f"{flag} is empty")
+    return values
+
+
+def _ratios(text: str) -> tuple[float, ...]:
+    ratios = _float_list(text, "--hit-ratios")
+    if any(not 0.0 <= r <= 1.0 for r in ratios):
+        raise ConfigError(f"--hit-ratios {text!r}: every ratio must lie in 0..1")
+    return ratios
+
+
+def _batches(text: str) -> tuple[int, ...]:
+    sizes = _float_list(text, "--batch-sizes")
+    if any(not 1 <= b <= 8 or b != int(b) for b in sizes):
+        raise ConfigError(f"--batch-sizes {text!r}: whole numbers in 1..8")
+    return tuple(int(b) for b in sizes)
+
+
+def _shard(text: str) -> tuple[int, int]:
+    """(i, n) of --timeline-shard; (0, 1): every user."""
+    if not text:
+        return 0, 1
+    i, sep, n = str(text).partition("/")
+    try:
+        shard = int(i), int(n)
+    except ValueError:
+        shard = (-1, 0)
+    if not sep or not 0 <= shard[0] < shard[1]:
+        raise ConfigError(f"--timeline-shard {text!r}: give i/n with 0 <= i < n, e.g. 0/2")
+    return shard

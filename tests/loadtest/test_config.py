@@ -1,0 +1,60 @@
+"""The typed config: sections built once from the options, enums for the choices, the workload
+registry deciding what each workload allows."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from hstu_replay.errors import ConfigError
+from hstu_replay.loadtest.config import Arrival, LoadTestConfig, TritonProtocol
+from hstu_replay.loadtest.options import OPTIONS, SECRETS
+from hstu_replay.plan.workloads import WORKLOADS
+
+
+def config(**given) -> LoadTestConfig:
+    return LoadTestConfig.from_options(argparse.Namespace(**given))
+
+
+def test_sections_hold_typed_values(tmp_path):
+    c = config(workload="dumps", dump_dir=str(tmp_path), arrival="poisson", request_rate=50.0,
+               hit_ratios="0,0.5", batch_sizes="1,4", triton_protocol="http", timeline_shard="")
+    assert c.sweep.arrival is Arrival.POISSON and c.sweep.arrival.open and c.sweep.open_rate == 50.0
+    assert c.target.protocol is TritonProtocol.HTTP and c.target.url == "http://127.0.0.1:8001"
+    assert (c.sweep.ratios, c.sweep.batches) == ((0.0, 0.5), (1, 4))
+    assert c.data.kind is WORKLOADS["dumps"] and c.data.path == str(tmp_path)
+    assert list(c.options) == [o.dest for o in OPTIONS if o.dest not in SECRETS]  # report.json's order
+    assert c.options["arrival"] == "poisson" and type(c.options["arrival"]) is str
+
+
+def test_a_closed_loop_offers_no_rate(tmp_path):
+    c = config(workload="dumps", dump_dir=str(tmp_path), request_rate=50.0)
+    assert c.sweep.arrival is Arrival.CLOSED and c.sweep.open_rate == 0.0
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"arrival": "bursty"}, "--arrival 'bursty': use one of closed, constant, poisson"),
+    ({"triton_protocol": "udp"}, "--triton-protocol 'udp': use grpc or http"),
+    ({"workload": "replay"}, "--workload 'replay': use sessions, dumps or timeline"),
+    ({"workload": "sessions"}, "--workload sessions needs --store"),
+    ({"time_scale": 2.0}, "only with --workload timeline"),
+    ({"timeline_shard": "0/2"}, "only with --workload timeline"),
+    ({"arrival": "constant"}, "--arrival constant needs --request-rate > 0"),
+    ({"batch_sizes": "1.5"}, "whole numbers in 1..8"),
+    ({"max_p99_ms": "x"}, "--max-p99-ms"),
+])
+def test_bad_values_are_named(tmp_path, given, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        config(**{"workload": "dumps", "dump_dir": str(tmp_path), **given})
+
+
+def test_time_scale_needs_a_closed_loop(tmp_path):
+    with pytest.raises(ConfigError, match="leave --arrival closed"):
+        config(workload="timeline", store=str(tmp_path), time_scale=2.0, arrival="constant", request_rate=1.0)
+
+
+def test_every_workload_names_an_existing_option():
+    for kind in WORKLOADS.values():
+        assert kind.data_option in {o.dest for o in OPTIONS}
+        assert kind.data_flag == next(o.flag for o in OPTIONS if o.dest == kind.data_option)
