@@ -14,11 +14,11 @@ from hstu_replay.errors import ConfigError
 from hstu_replay.loadtest.config import LoadTestConfig, TargetConfig
 from hstu_replay.loadtest.schedule import Schedule
 from hstu_replay.plan.workloads import Workload, WorkloadKind, WorkloadOptions
+from hstu_replay.stats.run_stats import NATURAL
 
 if TYPE_CHECKING:
     from hstu_replay.loadtest.roles import Role
 
-NATURAL = float("nan")  # the target ratio of a natural-replay stage: none, the ratio emerges
 
 
 @dataclass(frozen=True)

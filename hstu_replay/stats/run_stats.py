@@ -22,10 +22,20 @@ def ratio_name(ratio: float) -> str:
     return short if float(short) == ratio else repr(float(ratio))
 
 
+#: The goal ratio of a natural-replay stage: none, the ratio emerges. Every NaN a key is made with
+#: becomes this one object, so that keys equal once a NaN crossed the wire (NaN != NaN, and its hash
+#: is its identity).
+NATURAL = float("nan")
+
+
 @dataclass(frozen=True, order=True)
 class BinKey:
     batch_size: int
     goal_ratio: float
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.goal_ratio):
+            object.__setattr__(self, "goal_ratio", NATURAL)
 
     def name(self) -> str:
         if math.isnan(self.goal_ratio):  # natural replay: no target, the ratio emerges

@@ -128,6 +128,7 @@ def test_a_distributed_natural_report_is_built_from_what_the_workers_sent(budget
     assert {r["worker"] for r in records} == {0, 1}
     measured = [r for r in records if r["kind"] == "measure" and r["ok"]]
     assert report["natural"]["requests"] == len(measured) > 0
+    assert [s["requests"] for s in report["stages"]] == [len(measured)]  # one stage, every worker's requests
     assert report["natural"] == json.loads(json.dumps(natural_section(records)))
     (tmp_path / "from_files").mkdir()
     assert ((report_dir / NATURAL_CSV).read_text()

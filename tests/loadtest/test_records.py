@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 
 import msgpack
-import pytest
 import numpy as np
 
 from hstu_replay.loadtest.records import RecordWriter, RequestRows, read_records
@@ -51,11 +50,8 @@ def test_a_take_hands_over_each_row_once(tmp_path):
     assert len(rows.take()) == 1 and rows.take() == []
 
 
-@pytest.mark.xfail(strict=True, reason="stats.run_stats.BinKey: a NaN goal ratio (natural replay) is not equal to "
-                   "itself once it crossed the wire, so each worker report adds a new b1_natural bin")
 def test_a_natural_stage_merges_into_one_bin_over_the_wire():
-    from hstu_replay.loadtest.prepare import NATURAL
-    from hstu_replay.stats.run_stats import BinKey, RunStats
+    from hstu_replay.stats.run_stats import NATURAL, BinKey, RunStats
 
     master, worker = RunStats(), RunStats()
     worker.bin(BinKey(1, NATURAL)).requests = 3
