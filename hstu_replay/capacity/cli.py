@@ -17,6 +17,7 @@ from hstu_replay.arguments import (
     VISITS_PER_REQUEST, WARMUP_SECONDS, WORKLOAD, Option, number, numbers,
 )
 from hstu_replay.errors import ConfigError
+from hstu_replay.plan.workloads import WORKLOADS, one_of
 
 NO_SUSTAINABLE_STEP_EXIT = 3
 STEP_TIMEOUT_SLACK_S = 120.0  # Locust start, interface detection, priming and shutdown on top of the stage
@@ -113,11 +114,12 @@ def _locust_args(text: str) -> tuple[str, ...]:
 
 
 def _workload_args(args: argparse.Namespace) -> tuple[str, ...]:
-    if args.workload not in ("sessions", "dumps"):
-        raise ConfigError(f"--workload {args.workload!r}: use sessions or dumps")
-    needed = "--store" if args.workload == "sessions" else "--dump-dir"
-    if not getattr(args, needed[2:].replace("-", "_")):
-        raise ConfigError(f"--workload {args.workload} needs {needed}")
+    stepped = {name: kind for name, kind in WORKLOADS.items() if not kind.natural}  # natural: `capacity natural`
+    if args.workload not in stepped:
+        raise ConfigError(f"--workload {args.workload!r}: use {one_of(stepped)}")
+    kind = stepped[args.workload]
+    if not getattr(args, kind.data_option):
+        raise ConfigError(f"--workload {args.workload} needs {kind.data_flag}")
     out: list[str] = []
     for flag in PASS_THROUGH:
         value = getattr(args, flag[2:].replace("-", "_"))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hstu_replay import arguments as A
+from hstu_replay.arguments import Option
 from hstu_replay.errors import ConfigError
 from hstu_replay.loadtest.address import DEFAULT_ADDRESS
 
@@ -17,14 +19,30 @@ DEFAULT_GROUP = "Sweep and load"
 
 
 @dataclass(frozen=True)
-class Option:
-    dest: str
-    flag: str
-    default: object  # its type is the option's type
-    help: str
+class LoadOption:
+    """An option of the catalog (`hstu_replay.arguments`: flag, meaning, default, type) placed in the
+    load test: its web-form group, its wording here, whether it is secret."""
+
+    option: Option
     group: str = DEFAULT_GROUP
     secret: bool = False  # never shown, logged, sent to workers nor taken from a form
     unset: object = None  # the command line's default where it differs from `default` (unset)
+
+    @property
+    def dest(self) -> str:
+        return self.option.name
+
+    @property
+    def flag(self) -> str:
+        return self.option.flag
+
+    @property
+    def default(self):  # its type is the option's type
+        return self.option.default
+
+    @property
+    def help(self) -> str:
+        return self.option.help
 
     @property
     def arg_default(self):
@@ -35,6 +53,11 @@ class Option:
         return "LOCUST_" + self.flag[2:].upper().replace("-", "_")
 
 
+def _own(flag: str, default: object, help: str) -> Option:
+    """An option of the load test alone (the catalog holds those several commands share)."""
+    return Option(flag, help, default, type(default))
+
+
 DATA, NATURAL, CACHE, CHECKS = ("Data", "Natural replay (--workload timeline)", "Server cache", "Checks and report")
 TARGET = "Target (the address is the Host field)"
 
@@ -42,54 +65,50 @@ TARGET = "Target (the address is the Host field)"
 GROUPS = (DATA, NATURAL, DEFAULT_GROUP, CACHE, CHECKS, TARGET)
 
 #: Every option, in the order report.json's "options" lists them.
-OPTIONS: tuple[Option, ...] = (
-    Option("triton_url", "--triton-url", DEFAULT_ADDRESS, "Alias of --host: the Triton address, grpc://host:8001, "
-           "http://host:8000, https:// or grpcs:// for TLS, or host:port", TARGET, unset=""),
-    Option("triton_protocol", "--triton-protocol", "grpc", "grpc or http, for an address without a scheme", TARGET),
-    Option("triton_model", "--triton-model", "hstu_gr_ranking_kvcache", "Model name; its interface is detected",
-           TARGET),
-    Option("triton_ssl", "--triton-ssl", False, "Use TLS, for an address without a scheme", TARGET),
-    Option("triton_root_cert", "--triton-root-cert", "", "PEM file of the CA(s) that signed the server's "
-           "certificate", TARGET),
-    Option("triton_headers", "--triton-headers", "", "Extra request headers, 'name=value,name=value' (secret: never "
-           "shown, logged or sent to workers; give each process its own)", TARGET, secret=True),
-    Option("triton_timeout", "--triton-timeout", 30.0, "Seconds before a request counts as timed out", TARGET),
-    Option("workload", "--workload", "sessions", "sessions (replay a prepared store), dumps (NVIDIA dump dir) "
-           "or timeline (natural replay of a store in the log's time order)", DATA),
-    Option("store", "--store", "", "Prepared KuaiRand store (hstu-replay data prepare)", DATA),
-    Option("dump_dir", "--dump-dir", "", "NVIDIA-format dump directory (hstu-replay server dump)", DATA),
-    Option("hit_ratios", "--hit-ratios", "0,0.5,1.0", "Target KV-cache hit ratios, one stage each"),
-    Option("batch_sizes", "--batch-sizes", "1", "Users per request (1..8), one sweep each"),
-    Option("arrival", "--arrival", "closed", "closed (back to back), constant or poisson (open loop)"),
-    Option("request_rate", "--request-rate", 0.0, "Open loop: measured requests per second, all users together"),
-    Option("time_scale", "--time-scale", 0.0, "Timeline: replay the log this many times faster than recorded "
-           "(0: at --request-rate, or back to back)", NATURAL),
-    Option("time_slice_ms", "--time-slice-ms", 0, "Timeline: visits in one slice of log time share a request "
-           "(up to the batch size; 0: one visit per request)", NATURAL),
-    Option("timeline_shard", "--timeline-shard", "", "Timeline: replay only shard i of n of the users "
-           "('i/n': store index modulo n), as one of n servers would see them", NATURAL),
-    Option("stage_seconds", "--stage-seconds", 10.0, "Measured seconds per stage"),
-    Option("stage_requests", "--stage-requests", 0, "End a stage after this many measured requests (0: on "
-           "--stage-seconds only, which stays the upper bound; one process only)"),
-    Option("warmup_seconds", "--warmup-seconds", 2.0, "Seconds at the start of each stage left out"),
-    Option("candidates", "--candidates", 16, "Candidates ranked per user (session replay)", DATA),
-    Option("max_history", "--max-history", 4096, "Longest history sent, in items", DATA),
-    Option("max_values", "--max-values", 40000, "Largest request (len(values)) the model takes", DATA),
-    Option("cache_budget_tokens", "--cache-budget-tokens", 0, "Server KV-cache capacity in tokens (0: unbounded)",
-           CACHE),
-    Option("cache_page_tokens", "--cache-page-tokens", 32, "Server KV-cache page size in tokens", CACHE),
-    Option("verify_fraction", "--verify-fraction", 1.0, "Fraction of responses checked against references", CHECKS),
-    Option("tolerance", "--tolerance", 0.0625, "Max absolute logit difference accepted", CHECKS),
-    Option("report_dir", "--report-dir", "runs/latest", "Where records and reports are written", CHECKS),
-    Option("max_mismatches", "--max-mismatches", -1, "Fail the run above this many mismatches (-1: off)", CHECKS),
-    Option("max_error_ratio", "--max-error-ratio", -1.0, "Fail the run above this failure ratio (-1: off)", CHECKS),
-    Option("max_p99_ms", "--max-p99-ms", "", "Fail if p99 exceeds: '250' or 'ratio:ms,...'", CHECKS),
-    Option("min_speedup", "--min-speedup", "", "Fail if speed-up over 0% is below: 'ratio:x,...'", CHECKS),
-    Option("seed", "--replay-seed", 0, "Seed of the user order", DATA),
-    Option("min_stage_requests", "--min-stage-requests", 30, "A stage with fewer measured requests is flagged thin",
-           CHECKS),
-    Option("max_loop_lag_ms", "--max-loop-lag-ms", 50.0, "A stage whose client event loop ran later than this (p99) "
-           "is flagged client-bound", CHECKS),
+OPTIONS: tuple[LoadOption, ...] = (
+    LoadOption(A.TRITON_URL.but(default=DEFAULT_ADDRESS, help="Alias of --host: the Triton address, grpc://host:8001, "
+               "http://host:8000, https:// or grpcs:// for TLS, or host:port"), TARGET, unset=""),
+    LoadOption(A.TRITON_PROTOCOL.but(help="grpc or http, for an address without a scheme"), TARGET),
+    LoadOption(A.TRITON_MODEL.but(help="Model name; its interface is detected"), TARGET),
+    LoadOption(_own("--triton-ssl", False, "Use TLS, for an address without a scheme"), TARGET),
+    LoadOption(_own("--triton-root-cert", "", "PEM file of the CA(s) that signed the server's certificate"), TARGET),
+    LoadOption(_own("--triton-headers", "", "Extra request headers, 'name=value,name=value' (secret: never shown, "
+                    "logged or sent to workers; give each process its own)"), TARGET, secret=True),
+    LoadOption(_own("--triton-timeout", 30.0, "Seconds before a request counts as timed out"), TARGET),
+    LoadOption(A.WORKLOAD.but(help="sessions (replay a prepared store), dumps (NVIDIA dump dir) or timeline (natural "
+                              "replay of a store in the log's time order)"), DATA),
+    LoadOption(A.STORE.but(default="", help="Prepared KuaiRand store (hstu-replay data prepare)"), DATA),
+    LoadOption(A.DUMP_DIR.but(default="", help="NVIDIA-format dump directory (hstu-replay server dump)"), DATA),
+    LoadOption(A.HIT_RATIOS.but(help="Target KV-cache hit ratios, one stage each")),
+    LoadOption(A.BATCH_SIZES.but(help="Users per request (1..8), one sweep each")),
+    LoadOption(_own("--arrival", "closed", "closed (back to back), constant or poisson (open loop)")),
+    LoadOption(A.REQUEST_RATE.but(default=0.0, help="Open loop: measured requests per second, all users together")),
+    LoadOption(_own("--time-scale", 0.0, "Timeline: replay the log this many times faster than recorded "
+                    "(0: at --request-rate, or back to back)"), NATURAL),
+    LoadOption(A.TIME_SLICE_MS.but(help="Timeline: visits in one slice of log time share a request (up to the batch "
+                                   "size; 0: one visit per request)"), NATURAL),
+    LoadOption(_own("--timeline-shard", "", "Timeline: replay only shard i of n of the users ('i/n': store index "
+                    "modulo n), as one of n servers would see them"), NATURAL),
+    LoadOption(_own("--stage-seconds", 10.0, "Measured seconds per stage")),
+    LoadOption(_own("--stage-requests", 0, "End a stage after this many measured requests (0: on --stage-seconds "
+                    "only, which stays the upper bound; one process only)")),
+    LoadOption(A.WARMUP_SECONDS.but(help="Seconds at the start of each stage left out")),
+    LoadOption(A.CANDIDATES.but(help="Candidates ranked per user (session replay)"), DATA),
+    LoadOption(A.MAX_HISTORY.but(help="Longest history sent, in items"), DATA),
+    LoadOption(A.MAX_VALUES.but(help="Largest request (len(values)) the model takes"), DATA),
+    LoadOption(_own("--cache-budget-tokens", 0, "Server KV-cache capacity in tokens (0: unbounded)"), CACHE),
+    LoadOption(A.PAGE_TOKENS.but(flag="--cache-page-tokens", help="Server KV-cache page size in tokens"), CACHE),
+    LoadOption(_own("--verify-fraction", 1.0, "Fraction of responses checked against references"), CHECKS),
+    LoadOption(A.TOLERANCE.but(help="Max absolute logit difference accepted"), CHECKS),
+    LoadOption(_own("--report-dir", "runs/latest", "Where records and reports are written"), CHECKS),
+    LoadOption(_own("--max-mismatches", -1, "Fail the run above this many mismatches (-1: off)"), CHECKS),
+    LoadOption(_own("--max-error-ratio", -1.0, "Fail the run above this failure ratio (-1: off)"), CHECKS),
+    LoadOption(_own("--max-p99-ms", "", "Fail if p99 exceeds: '250' or 'ratio:ms,...'"), CHECKS),
+    LoadOption(_own("--min-speedup", "", "Fail if speed-up over 0% is below: 'ratio:x,...'"), CHECKS),
+    LoadOption(A.REPLAY_SEED.but(help="Seed of the user order"), DATA),
+    LoadOption(_own("--min-stage-requests", 30, "A stage with fewer measured requests is flagged thin"), CHECKS),
+    LoadOption(_own("--max-loop-lag-ms", 50.0, "A stage whose client event loop ran later than this (p99) is flagged "
+                    "client-bound"), CHECKS),
 )
 BY_DEST = {o.dest: o for o in OPTIONS}
 
