@@ -45,10 +45,10 @@ def serve(interface: ModelInterface, grpc_port: int, http_port: int, metrics_por
           tls=None, https_port: int = 0) -> None:
     """Host `interface`'s model (`instances` copies) answering zeros until SIGTERM; statistics stay open.
     With `tls` (TlsFiles) gRPC takes TLS only, and `https_port` serves HTTPS as the target does."""
-    from hstu_replay.server.serve import PROTECTED_ENDPOINTS, _python_backend_env
+    from hstu_replay.server.serve import PROTECTED_ENDPOINTS, python_backend_env
     from hstu_replay.server.tls_proxy import TlsForwarder
 
-    _python_backend_env()
+    python_backend_env()
     from pytriton.model_config import ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 

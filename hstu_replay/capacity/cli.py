@@ -179,7 +179,8 @@ def _failure_line(data: dict) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from hstu_replay.capacity.driver import LOCUSTFILE, check_endpoints, run_capacity
+    from hstu_replay.capacity.driver import check_endpoints, run_capacity
+    from hstu_replay.loadtest.command import LOCUSTFILE
     from hstu_replay.report.capacity import capacity_dict, format_summary, step_line, write_capacity
 
     plan = plan_from_args(args)

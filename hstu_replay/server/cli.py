@@ -66,7 +66,7 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
 
 
-def _device(name: str) -> str:
+def resolve_device(name: str) -> str:
     import torch
 
     if name == "auto":
@@ -79,7 +79,7 @@ def _device(name: str) -> str:
 def _export(args) -> int:
     from hstu_replay.server.build import export_repository
 
-    export_repository(args.repository, args.config, args.seed, _device(args.device), force=True)
+    export_repository(args.repository, args.config, args.seed, resolve_device(args.device), force=True)
     return 0
 
 
@@ -104,7 +104,7 @@ def _serve(args) -> int:
     check_ports_free(options)
     start_watchdog()  # tritonserver and its stubs go when this process goes, even by SIGKILL
     print(f"hstu-replay: model threads {threads}", file=sys.stderr, flush=True)
-    device = _device(args.device)
+    device = resolve_device(args.device)
     config = get_config(args.config, args.dtype)
     engines = ENGINE_KINDS[args.engine](args.repository, config, args.seed, args.cache_budget_tokens,
                                         args.page_tokens, device)
@@ -116,7 +116,7 @@ def _dump(args) -> int:
     from hstu_replay.server.build import export_repository, load_engines
     from hstu_replay.server.dump import write_reference_dumps
 
-    device = _device(args.device)
+    device = resolve_device(args.device)
     export_repository(args.repository, args.config, args.seed, device)
     engines = load_engines(args.repository, None, 32, device)
     written = write_reference_dumps(engines.uncached, args.store, args.out, args.batches, args.batch_size,

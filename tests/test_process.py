@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hstu_replay.flow.server import server_error_line
+from hstu_replay.process import server_error_line
 
 TRITON_BIND_FAILURE = """\
 E1130 19:16:04.052576 23340 server.cc:241] "CudaDriverHelper has not been initialized."
