@@ -16,13 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hstu_replay.loadtest.command import LOCUSTFILE, headless_command, locust_command
-from hstu_replay.process import Ports, ServerProcess, free_ports
+from hstu_replay.loadtest.command import LOCUSTFILE, headless_command, locust_command  # noqa: F401 - for the tests
+from hstu_replay.process import Ports, ServerProcess, free_ports  # noqa: F401 - for the tests
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "datasets" / "sample"
-
-__all__ = ["LOCUSTFILE", "ROOT", "free_ports", "locust_command", "start_server", "stop_server"]
+BIN = Path(sys.executable).parent
 
 
 def start_server(repository: Path, log: Path, *extra: str, ready_timeout: float = 120.0,

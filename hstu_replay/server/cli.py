@@ -1,4 +1,5 @@
-"""`hstu-replay server export|serve|dump`: the reference server's commands (need the [target] extra)."""
+"""`hstu-replay server export|serve|wait|dump`: the reference server's commands (export, serve and dump need
+the [target] extra)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hstu_replay.errors import ConfigError
 
 def add_commands(groups) -> None:
     server = groups.add_parser("server", aliases=["target"],
-                               help="the reference HSTU server: export, serve, dump")
+                               help="the reference HSTU server: export, serve, wait, dump")
     commands = server.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     export = commands.add_parser("export", help="compile the model with AOTInductor into a Triton repository")
@@ -46,6 +47,13 @@ def add_commands(groups) -> None:
                             "checked by tritonserver; the value is never printed")
     serve.set_defaults(func=_serve)
 
+    wait = commands.add_parser("wait", help="until a `server serve` started by a script serves its model")
+    wait.add_argument("--http-port", type=int, default=8000)
+    wait.add_argument("--pid", type=int, required=True, help="the server's process: fail at once when it is gone")
+    wait.add_argument("--log", required=True, help="the server's log: its own error line is quoted on failure")
+    wait.add_argument("--timeout", type=float, default=180.0, help="seconds (default 180)")
+    wait.set_defaults(func=_wait)
+
     dump = commands.add_parser("dump", help="write NVIDIA-format reference dumps drawn from a prepared store")
     _model_args(dump)
     dump.add_argument("--store", required=True, help="prepared KuaiRand store")
@@ -80,6 +88,25 @@ def _export(args) -> int:
     from hstu_replay.server.build import export_repository
 
     export_repository(args.repository, args.config, args.seed, resolve_device(args.device), force=True)
+    return 0
+
+
+def _wait(args) -> int:
+    """The readiness rule of `hstu_replay.process`, for a server this process did not start."""
+    from pathlib import Path
+
+    from hstu_replay.errors import ServerError
+    from hstu_replay.process import SERVED_MODEL, StartFailed, model_ready, wait_ready
+    from hstu_replay.server.watchdog import proc_stat
+
+    def exited() -> str | None:
+        return None if proc_stat(args.pid) is not None else f"process {args.pid} is gone"
+
+    try:
+        seconds = wait_ready(model_ready(args.http_port), f"model {SERVED_MODEL}", exited, Path(args.log), args.timeout)
+    except StartFailed as exc:
+        raise ServerError(str(exc)) from None
+    print(f"hstu-replay: model {SERVED_MODEL} ready on http port {args.http_port} after {seconds:.1f} s", flush=True)
     return 0
 
 
