@@ -184,7 +184,7 @@ def run_locust(report_dir: Path, *args: str, timeout: float = 180.0) -> LocustRe
 
 @dataclass(frozen=True)
 class OracleHandle:
-    """One running oracle variant; `log` is its JSON-lines record of requests, `output` its stdout/stderr."""
+    """One running oracle variant; `log` is its JSON-lines record of requests (its output: `server.log`)."""
 
     server: ServerProcess
     log: Path
@@ -192,14 +192,6 @@ class OracleHandle:
     @property
     def grpc_url(self) -> str:
         return self.server.grpc_url
-
-    @property
-    def http_url(self) -> str:
-        return self.server.http_url
-
-    @property
-    def output(self) -> Path:
-        return self.server.log
 
     def records(self) -> list[dict]:
         from tests.oracle.server import read_log
