@@ -140,11 +140,19 @@ def test_a_taken_port_is_one_clear_line(triton_server, compiled_repository):
     assert "is taken" in proc.stderr
 
 
+def _program(pid: int) -> str | None:
+    """The program a process runs; None once it is gone (the family also holds short-lived helpers
+    seen while the server started)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return None
+
+
 def test_a_killed_serve_takes_its_tritonserver_and_stubs_with_it(compiled_repository, tmp_path):
     # A SIGKILLed `server serve` used to orphan its tritonserver, which kept the ports.
     server = start_server(compiled_repository, tmp_path / "killed.log")
-    names = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-             for pid in server.family]
+    names = [name for pid in server.family if (name := _program(pid)) is not None]
     assert any(n.endswith("tritonserver") for n in names), names
     assert any("python_backend_stub" in n for n in names), names
     server.process.kill()
