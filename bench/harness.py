@@ -48,7 +48,7 @@ def start_null(interface: ModelInterface, log: Path, instances: int = 1, timeout
     ports = Ports.free(cache_metrics=False)
     command = [sys.executable, "-m", "bench.null_model", interface.model_name, str(ports.grpc), str(ports.http),
                str(ports.metrics), "--instances", str(instances), *extra]
-    return ServerProcess(command, log, ports, interface.model_name, ready_timeout_s=timeout_s, cwd=ROOT).launch()
+    return ServerProcess(command, log, ports, (interface.model_name,), ready_timeout_s=timeout_s, cwd=ROOT).launch()
 
 
 def successes(server: ServerProcess, model: str) -> int:

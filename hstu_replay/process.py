@@ -25,11 +25,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass
 from pathlib import Path
 
+from hstu_replay.interface import CONTROL_MODEL, INTERFACES
 from hstu_replay.server.watchdog import descendants, kill_noted, proc_stat
 
 HOST = "127.0.0.1"
-#: The model whose readiness says the reference server serves (the published KV-cache model).
-SERVED_MODEL = "hstu_gr_ranking_kvcache"
+#: The models whose readiness says the reference server serves (it loads them one after another).
+SERVED_MODELS = (*(interface.model_name for interface in INTERFACES.values()), CONTROL_MODEL)
 STOP_GRACE_S = 60.0
 GONE_TIMEOUT_S = 15.0
 POLL_S = 0.25
@@ -116,18 +117,22 @@ def server_error_line(log_text: str) -> str:
     return lines[-1] if lines else "no output"
 
 
-def model_ready(http_port: int, model: str = SERVED_MODEL) -> Callable[[], bool]:
-    """The readiness rule: Triton's `/v2/models/<model>/ready` answers 200 on `http_port`."""
-    url = f"http://{HOST}:{http_port}/v2/models/{model}/ready"
+def model_ready(http_port: int, models: Sequence[str] = SERVED_MODELS) -> Callable[[], bool]:
+    """The readiness rule: Triton's `/v2/models/<model>/ready` answers 200 on `http_port`, for every model."""
+    urls = [f"http://{HOST}:{http_port}/v2/models/{model}/ready" for model in models]
 
-    def probe() -> bool:
+    def answers(url: str) -> bool:
         try:
             with urllib.request.urlopen(url, timeout=2.0) as response:  # noqa: S310 - loopback http only
                 return response.status == 200
         except (urllib.error.URLError, OSError):
             return False
 
-    return probe
+    return lambda: all(answers(url) for url in urls)
+
+
+def models_named(models: Sequence[str]) -> str:
+    return ("model " if len(models) == 1 else "models ") + ", ".join(models)
 
 
 def wait_ready(ready: Callable[[], bool], what: str, exited: Callable[[], str | None], log: Path,
@@ -154,10 +159,10 @@ class ServerProcess:
     `stop()` it (safe at any point, more than once, started or not). As a context manager it is
     started and waited for on entry and stopped on exit."""
 
-    def __init__(self, command: Sequence[str], log: Path, ports: Ports, model: str = SERVED_MODEL,
+    def __init__(self, command: Sequence[str], log: Path, ports: Ports, models: Sequence[str] = SERVED_MODELS,
                  ready_timeout_s: float = 180.0, cwd: Path | None = None):
         self.command, self.log, self.ports = list(command), Path(log), ports
-        self.model, self.ready_timeout_s, self.cwd = model, ready_timeout_s, cwd
+        self.models, self.ready_timeout_s, self.cwd = tuple(models), ready_timeout_s, cwd
         self.process: subprocess.Popen | None = None
         self.own_ports: tuple[int, ...] = ()
         self.family: dict[int, int] = {}  # pid -> start time of every process seen under the server
@@ -190,7 +195,7 @@ class ServerProcess:
                                             stdin=subprocess.DEVNULL, start_new_session=True)
 
     def wait_ready(self, timeout_s: float | None = None, probe: Callable[[], bool] | None = None) -> float:
-        """Seconds until the model answers ready over HTTP (or `probe()`, for a server that is not
+        """Seconds until its models answer ready over HTTP (or `probe()`, for a server that is not
         Triton); StartFailed with the server's own error line when it exits first."""
         assert self.process is not None, "start() first"
         process = self.process
@@ -199,8 +204,8 @@ class ServerProcess:
             code = process.poll()
             return None if code is None else _status(code)
 
-        ready, what = (probe, "the server") if probe else (model_ready(self.ports.http, self.model),
-                                                           f"model {self.model}")
+        ready, what = (probe, "the server") if probe else (model_ready(self.ports.http, self.models),
+                                                           models_named(self.models))
         return wait_ready(ready, what, exited, self.log, self.ready_timeout_s if timeout_s is None else timeout_s, self._note_family)
 
     def launch(self) -> ServerProcess:

@@ -220,7 +220,7 @@ def oracle_servers(tmp_path_factory) -> Iterator[Callable[..., OracleHandle]]:
                        "--page-tokens", str(page_tokens), "--max-values", str(max_values)]
             if cached_tokens:
                 command.append("--cached-tokens")
-            server = ServerProcess(command, root / "server.log", ports, MODEL_NAME, ready_timeout_s=120.0, cwd=ROOT)
+            server = ServerProcess(command, root / "server.log", ports, (MODEL_NAME,), ready_timeout_s=120.0, cwd=ROOT)
             started[variant] = OracleHandle(server.launch(), root / "requests.jsonl")
         return started[variant]
 

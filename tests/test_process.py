@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from hstu_replay.cli import main
-from hstu_replay.process import SERVED_MODEL, Ports, ServerProcess, StartFailed, port_free, server_error_line
+from hstu_replay.process import SERVED_MODELS, Ports, ServerProcess, StartFailed, port_free, server_error_line
 
 TRITON_BIND_FAILURE = """\
 E1130 19:16:04.052576 23340 server.cc:241] "CudaDriverHelper has not been initialized."
@@ -64,7 +64,7 @@ HTTPServer(("127.0.0.1", int(sys.argv[1])), Ready).serve_forever()
 
 def test_a_server_is_started_waited_for_and_stopped_with_nothing_left(tmp_path):
     ports = Ports.free(cache_metrics=False)
-    server = ServerProcess([sys.executable, "-c", STAND_IN, str(ports.http)], tmp_path / "log", ports, "m",
+    server = ServerProcess([sys.executable, "-c", STAND_IN, str(ports.http)], tmp_path / "log", ports, ("m",),
                            ready_timeout_s=30)
     with server:
         assert not port_free(ports.http) and server.failure() is None
@@ -87,7 +87,7 @@ def test_not_ready_in_time_is_a_start_failure_and_the_server_is_stopped(tmp_path
     ports = Ports.free(cache_metrics=False)
     server = ServerProcess([sys.executable, "-c", "import time; print('loading', flush=True); time.sleep(60)"],
                            tmp_path / "log", ports, ready_timeout_s=0.5)
-    with pytest.raises(StartFailed, match=f"model {SERVED_MODEL} not ready after 0.5 s; last log line: loading"):
+    with pytest.raises(StartFailed, match=f"models {', '.join(SERVED_MODELS)} not ready after 0.5 s; last log line: loading"):
         server.launch()
     assert server.process.poll() is not None
 
@@ -95,7 +95,8 @@ def test_not_ready_in_time_is_a_start_failure_and_the_server_is_stopped(tmp_path
 def test_server_wait_for_a_server_a_script_started(tmp_path, capsys):
     class Ready(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
-            self.send_response(200 if self.path == f"/v2/models/{SERVED_MODEL}/ready" else 404)
+            ready = [f"/v2/models/{model}/ready" for model in SERVED_MODELS]
+            self.send_response(200 if self.path in ready else 404)
             self.end_headers()
 
         def log_message(self, *args):

@@ -96,17 +96,19 @@ def _wait(args) -> int:
     from pathlib import Path
 
     from hstu_replay.errors import ServerError
-    from hstu_replay.process import SERVED_MODEL, StartFailed, model_ready, wait_ready
+    from hstu_replay.process import SERVED_MODELS, StartFailed, model_ready, models_named, wait_ready
     from hstu_replay.server.watchdog import proc_stat
 
     def exited() -> str | None:
         return None if proc_stat(args.pid) is not None else f"process {args.pid} is gone"
 
     try:
-        seconds = wait_ready(model_ready(args.http_port), f"model {SERVED_MODEL}", exited, Path(args.log), args.timeout)
+        seconds = wait_ready(model_ready(args.http_port), models_named(SERVED_MODELS), exited, Path(args.log),
+                             args.timeout)
     except StartFailed as exc:
         raise ServerError(str(exc)) from None
-    print(f"hstu-replay: model {SERVED_MODEL} ready on http port {args.http_port} after {seconds:.1f} s", flush=True)
+    print(f"hstu-replay: {models_named(SERVED_MODELS)} ready on http port {args.http_port} after {seconds:.1f} s",
+          flush=True)
     return 0
 
 

@@ -29,13 +29,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 
 from hstu_replay.errors import ConfigError, ServerError
-from hstu_replay.interface import KVCACHE, NOCACHE, PYTHON_BACKEND, ModelInterface
+from hstu_replay.interface import CONTROL_MODEL, KVCACHE, NOCACHE, PYTHON_BACKEND, ModelInterface
 from hstu_replay.request import RequestTensors
 from hstu_replay.server.batched import BatchedEngine
 from hstu_replay.server.engine import PackagedRanker, RankingEngine
 from hstu_replay.server.tls_proxy import TlsFiles, TlsForwarder
 
-CONTROL_MODEL = "hstu_kvcache_control"
 CONTROL_OUTPUTS = ("HIT_TOKENS", "COMPUTED_TOKENS", "EVICTED_USERS", "RESIDENT_TOKENS", "REQUESTS")
 #: Triton endpoints behind PyTriton's access token; statistics stay open for load-test clients.
 PROTECTED_ENDPOINTS = ["shared-memory", "model-repository", "trace", "logging"]
