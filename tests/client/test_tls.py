@@ -14,7 +14,7 @@ from hstu_replay.errors import AccessDenied, ServerError
 from hstu_replay.interface import KVCACHE
 from tests.certs import SENTINEL, SecureServer, start_secure_server
 from tests.client.test_triton import rekeyed, sample_request
-from tests.client.test_triton import tritonclient_logits as tritonclient_logits
+from tests.client.test_triton import tritonclient_logits
 
 pytestmark = pytest.mark.integration
 PROTOCOLS = ["grpc", "http"]
@@ -36,7 +36,7 @@ def _client(secure: SecureServer, protocol: str, host: str = "127.0.0.1", **opti
     return TritonClient(ClientOptions(url=f"{host}:{port}", protocol=protocol, timeout_s=20, **(defaults | options)))
 
 
-def tritonclient_logits(secure: SecureServer, protocol: str, request) -> np.ndarray:
+def tls_tritonclient_logits(secure: SecureServer, protocol: str, request) -> np.ndarray:
     """The same request through NVIDIA's tritonclient, over TLS with the CA and the header."""
     if protocol == "grpc":
         import tritonclient.grpc as module
@@ -58,7 +58,7 @@ def test_our_transport_and_tritonclient_get_the_same_answers_through_tls(secure,
         first = 100 * PROTOCOLS.index(protocol) + (10 if host == "localhost" else 0)  # keys of its own
         for seed in range(first, first + 3):  # batch 8, long histories: many buffers, each through TLS
             request = sample_request(seed, batch=8, history=240)
-            theirs = tritonclient_logits(secure, protocol, rekeyed(request, 50_000))
+            theirs = tls_tritonclient_logits(secure, protocol, rekeyed(request, 50_000))
             response = ours.infer(request)
             assert response.logits.shape == (request.num_logits, 8)
             np.testing.assert_array_equal(response.logits, theirs)
