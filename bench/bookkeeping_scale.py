@@ -1,9 +1,9 @@
 """Scale of the load generator's per-request bookkeeping: the client's cache model, the accountant
 with its records file, the workers' statistics merged at the master, and the final report.
 
-    python bench/bookkeeping_scale.py                      # 10,000,000 requests (minutes)
-    python bench/bookkeeping_scale.py --requests 1000000   # a shorter run
-    python bench/bookkeeping_scale.py --quick              # 200,000 requests, seconds (what the test runs)
+    python -m bench.bookkeeping_scale                      # 10,000,000 requests (minutes)
+    python -m bench.bookkeeping_scale --requests 1000000   # a shorter run
+    python -m bench.bookkeeping_scale --quick              # 200,000 requests, seconds (what the test runs)
 
 No server and no Locust users: the real `ActiveRun` objects of two workers and their master do
 the bookkeeping of synthetic requests, as `loadtest.user` and `loadtest.hooks` drive them.

@@ -1,7 +1,7 @@
 """The hit-ratio-vs-budget curve of a store's natural replay: one pass against one simulation per budget.
 
     hstu-replay data synth --full --out runs/raw-full --seed 1 && hstu-replay data prepare runs/raw-full --out runs/store-full
-    python bench/cache_curve.py --store runs/store-full --budgets 500000,2000000,5000000
+    python -m bench.cache_curve --store runs/store-full --budgets 500000,2000000,5000000
 
 In the order printed: the trace (visits, requests, history tokens); the one-pass curve's time,
 its peak Python heap (tracemalloc, a second pass) and the process's peak RSS beside the store's
@@ -20,14 +20,12 @@ import time
 import tracemalloc
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.harness import table, this_command  # noqa: E402
-from hstu_replay.cache_ledger import CacheLedger  # noqa: E402
-from hstu_replay.data.store import SequenceStore  # noqa: E402
-from hstu_replay.interface import Limits  # noqa: E402
-from hstu_replay.plan.cache_curve import cache_curve  # noqa: E402
-from hstu_replay.plan.timeline import build_trace, group_requests  # noqa: E402
+from bench.harness import table, this_command
+from hstu_replay.cache_ledger import CacheLedger
+from hstu_replay.data.store import SequenceStore
+from hstu_replay.interface import Limits
+from hstu_replay.plan.cache_curve import cache_curve
+from hstu_replay.plan.timeline import build_trace, group_requests
 
 
 def main() -> int:

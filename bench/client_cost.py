@@ -1,7 +1,7 @@
 """The load generator's own cost against perf_analyzer's, in one run: CPU per request, latency floor, rate per core.
 
-    python bench/client_cost.py                         # everything, about 8 minutes
-    python bench/client_cost.py --seconds 6 --rounds 1  # quicker, noisier
+    python -m bench.client_cost                         # everything, about 8 minutes
+    python -m bench.client_cost --seconds 6 --rounds 1  # quicker, noisier
 
 A do-nothing PyTriton model with the KV-cache interface runs in a child process, so server
 compute hides nothing. Every client reads the same requests: NVIDIA-format dumps of the shape
@@ -35,9 +35,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import harness
-from harness import ROOT, Shape, Window
-
+from bench import harness
+from bench.harness import ROOT, Shape, Window
 from hstu_replay.interface import KVCACHE
 
 OUT = ROOT / "runs" / "client-cost"
@@ -57,7 +56,7 @@ class Reading:
 
 def clients(shape: Shape, protocol: str, url: str, dumps: Path, trace: Path, seconds: float) -> dict[str, list[str]]:
     """The three clients of section 1, by name."""
-    ours = harness.locust_command(url, protocol, dumps, OUT / "report", seconds + 20, max_values=shape.values)
+    ours = harness.replay_command(url, protocol, dumps, OUT / "report", seconds + 20, max_values=shape.values)
     return {
         "perf_analyzer 2.51": harness.perf_analyzer_command(url, protocol, MODEL, trace),
         "Locust worker, verify off": ours + ["--verify-fraction", "0"],
@@ -119,7 +118,7 @@ def latency_floor(server, protocol: str, args, pa_env) -> list:
         raise harness.Unavailable(f"perf_analyzer exited {done.returncode}: {done.stderr.strip()[-200:]}")
     theirs = perf_analyzer_p50_ms(done.stdout)
     report = OUT / f"floor-report-{protocol}"
-    ours_command = harness.locust_command(url, protocol, folder / "dumps", report, args.floor_seconds, batch=1)
+    ours_command = harness.replay_command(url, protocol, folder / "dumps", report, args.floor_seconds, batch=1)
     subprocess.run(ours_command + ["--verify-fraction", "0"], cwd=ROOT, capture_output=True, timeout=300)
     ours = harness.report_bin(report)["p50_ms"]
     slack_ms = max(0.05 * theirs, 0.050)
@@ -134,7 +133,7 @@ def rate_per_core(args, pa_env) -> list[list]:
         folder = OUT / f"{shape.history}x{shape.candidates}"
         harness.shape_dumps(shape, folder / "dumps")
         for protocol in args.protocols:
-            command = harness.locust_command(server.url_for(protocol), protocol, folder / "dumps", OUT / "report-rate",
+            command = harness.replay_command(server.url_for(protocol), protocol, folder / "dumps", OUT / "report-rate",
                                              args.seconds + 20, "--verify-fraction", "0", users=args.users,
                                              max_values=shape.values)
             w = harness.measure(command, server, MODEL, OUT / "client.log", args.seconds)
@@ -148,7 +147,6 @@ TRANSPORT_LOOP = """
 from gevent import monkey; monkey.patch_all()
 from grpc.experimental import gevent as grpc_gevent; grpc_gevent.init_gevent()
 import resource, sys, time
-sys.path.insert(0, {root!r})
 from bench.harness import Shape, shape_dumps
 from pathlib import Path
 from hstu_replay.client.heap import keep_freed_memory

@@ -5,7 +5,6 @@
 # (DEVICE=cpu HISTORY=256 CANDIDATES=32 bash bench/gpu_locust.sh runs/x small: the same on a CPU)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-. scripts/serve_wait.sh
 OUT=${1:?output folder}
 CONFIG=${2:-kuairand-1k}
 PY=${PYTHON:-python3}
@@ -17,7 +16,8 @@ $PY -m hstu_replay.cli server serve --engine batched --config "$CONFIG" --dtype 
     --http-port 18000 --grpc-port 18001 --metrics-port 18002 --cache-metrics-port 18003 >"$OUT/server.log" 2>&1 &
 SERVER=$!
 trap 'kill -INT $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
-wait_until_serving "$OUT/server.log" $SERVER 120
+$PY -m hstu_replay.cli server wait --http-port 18000 --pid $SERVER --log "$OUT/server.log" --timeout 120 ||
+    { tail -20 "$OUT/server.log"; exit 1; }
 $PY -m locust -f locustfiles/hstu.py --headless --only-summary -u 1 -r 1 \
     --triton-url 127.0.0.1:18001 --workload sessions --store "$OUT/store" --candidates "$CANDIDATES" \
     --max-history "$HISTORY" --max-values 70000 --hit-ratios 0,0.25,0.5,0.75,0.9,1.0 --batch-sizes 1,8 \

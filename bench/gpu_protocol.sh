@@ -9,7 +9,6 @@
 # before them; protocol.json/.html of every run under OUT_DIR/<config>-run<N>/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-. scripts/serve_wait.sh
 OUT=${1:?output folder}
 USERS=${2:-128}
 RUNS=${3:-2}
@@ -34,12 +33,13 @@ for cfg in $CONFIGS; do
         tail -5 "$OUT/export-$cfg.log"
         [ $code -eq 0 ] || continue
     fi
-    read -r H G M C < <($PY -c "from hstu_replay.server.serve import free_ports; print(*free_ports(4))")
+    read -r H G M C < <($PY -c "from hstu_replay.process import free_ports; print(*free_ports(4))")
     $PY -m hstu_replay.cli server serve --engine "$ENGINE" --repository "$REPO" --config "$cfg" \
         $( [ "$ENGINE" = batched ] && echo --dtype "$DTYPE" ) --device "$DEVICE" \
         --http-port "$H" --grpc-port "$G" --metrics-port "$M" --cache-metrics-port "$C" >"$OUT/server-$cfg.log" 2>&1 &
     SERVER=$!
-    wait_until_serving "$OUT/server-$cfg.log" $SERVER 180
+    $PY -m hstu_replay.cli server wait --http-port "$H" --pid $SERVER --log "$OUT/server-$cfg.log" --timeout 180 ||
+        { tail -20 "$OUT/server-$cfg.log"; exit 1; }
     for run in $(seq 1 "$RUNS"); do
         echo "== $cfg run $run"
         $PY -m hstu_replay.cli bench protocol --triton-url "127.0.0.1:$G" --store "$OUT/store" --candidates "$CANDIDATES" \

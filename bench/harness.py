@@ -24,17 +24,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hstu_replay.interface import ModelInterface
+from hstu_replay.loadtest.command import locust_command
+from hstu_replay.process import Ports, ServerProcess
+
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from hstu_replay.interface import ModelInterface  # noqa: E402
-from hstu_replay.server.serve import free_ports  # noqa: E402
-
-BIN = Path(sys.executable).parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-NULL_MODEL = Path(__file__).resolve().parent / "null_model.py"
-NULL_READY = "null-model: ready"
 PA_DIR = ROOT / "runs" / "perf_analyzer"
 PA_BIN = PA_DIR / "perf_analyzer"
 PA_WHEEL = "tritonclient==2.51.0"
@@ -46,72 +41,21 @@ class Unavailable(Exception):
 
 # -- servers ------------------------------------------------------------------------------------
 
-@dataclass
-class ChildServer:
-    """A server in a child process of its own session (tritonserver and backend stubs are its children)."""
-
-    process: subprocess.Popen
-    grpc_port: int
-    log: Path
-    http_port: int | None = None
-
-    @property
-    def url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    @property
-    def http_url(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
-
-    def url_for(self, protocol: str) -> str:
-        return self.url if protocol == "grpc" else self.http_url
-
-    @classmethod
-    def launch(cls, command: list[str], grpc_port: int, log: Path, ready: str,
-               timeout_s: float = 180.0, http_port: int | None = None) -> ChildServer:
-        """Start `command`, output to `log`; return once `ready` is in the log (bounded)."""
-        with log.open("w") as out:
-            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                       start_new_session=True)
-        server = cls(process, grpc_port, log, http_port)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and process.poll() is None:
-            if ready in log.read_text(errors="replace"):
-                return server
-            time.sleep(0.25)
-        server.stop(timeout_s=5)
-        raise SystemExit(f"server did not start; see {log}")
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM (PyTriton stops tritonserver), then SIGKILL to the whole group if it hangs."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-                return
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)  # the group launch() started
-        except ProcessLookupError:
-            pass
-        self.process.wait(10)
-
-    def successes(self, model: str) -> int:
-        """Requests the server has answered successfully so far (its statistics, over HTTP)."""
-        with urllib.request.urlopen(f"http://{self.http_url}/v2/models/{model}/stats", timeout=10) as reply:
-            stats = json.load(reply)
-        return sum(int(m["inference_stats"]["success"]["count"]) for m in stats["model_stats"])
-
-
 def start_null(interface: ModelInterface, log: Path, instances: int = 1, timeout_s: float = 120.0,
-               extra: Sequence[str] = ()) -> ChildServer:
-    """The do-nothing model of `interface` (`instances` copies) in a child process, on free ports;
-    `extra`: more of null_model.py's arguments (TLS)."""
-    grpc, http, metrics = free_ports(3)
-    command = [sys.executable, str(NULL_MODEL), interface.model_name, str(grpc), str(http), str(metrics),
-               "--instances", str(instances), *extra]
-    return ChildServer.launch(command, grpc, log, NULL_READY, timeout_s, http_port=http)
+               extra: Sequence[str] = ()) -> ServerProcess:
+    """The do-nothing model of `interface` (`instances` copies) in a child process on free ports,
+    started and ready; `extra`: more of null_model.py's arguments (TLS)."""
+    ports = Ports.free(cache_metrics=False)
+    command = [sys.executable, "-m", "bench.null_model", interface.model_name, str(ports.grpc), str(ports.http),
+               str(ports.metrics), "--instances", str(instances), *extra]
+    return ServerProcess(command, log, ports, (interface.model_name,), ready_timeout_s=timeout_s, cwd=ROOT).launch()
+
+
+def successes(server: ServerProcess, model: str) -> int:
+    """Requests the server has answered successfully so far (its statistics, over HTTP)."""
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/stats", timeout=10) as reply:
+        stats = json.load(reply)
+    return sum(int(m["inference_stats"]["success"]["count"]) for m in stats["model_stats"])
 
 
 # -- readings -----------------------------------------------------------------------------------
@@ -168,7 +112,7 @@ def machine_load() -> str:
         return " ".join(f.read().split()[:3])
 
 
-def measure(command: Sequence[str], server: ChildServer, model: str, log: Path, seconds: float,
+def measure(command: Sequence[str], server: ServerProcess, model: str, log: Path, seconds: float,
             warm_s: float = 2.0, start_timeout_s: float = 120.0, env: dict[str, str] | None = None,
             stop_signal: int = signal.SIGINT) -> Window:
     """Run `command` (a client) and read one steady window of it; the client is stopped after."""
@@ -186,23 +130,23 @@ def measure(command: Sequence[str], server: ChildServer, model: str, log: Path, 
         stop(process, stop_signal)
 
 
-def wait_for_load(server: ChildServer, model: str, process: subprocess.Popen, log: Path, timeout_s: float) -> None:
+def wait_for_load(server: ServerProcess, model: str, process: subprocess.Popen, log: Path, timeout_s: float) -> None:
     """Until the server has answered a request more (bounded; exit with one line if `process` ends first)."""
-    begin, deadline = server.successes(model), time.monotonic() + timeout_s
-    while server.successes(model) == begin:
+    begin, deadline = successes(server, model), time.monotonic() + timeout_s
+    while successes(server, model) == begin:
         if process.poll() is not None or time.monotonic() > deadline:
             tail = (log.read_text(errors="replace").strip().splitlines() or ["no output"])[-1]
             raise SystemExit(f"no requests reached the server ({tail}); see {log}")
         time.sleep(0.05)
 
 
-def read_windows(server: ChildServer, model: str, processes: Sequence[subprocess.Popen],
+def read_windows(server: ServerProcess, model: str, processes: Sequence[subprocess.Popen],
                  seconds: float) -> list[Window]:
     """One window of `seconds`, for each process: its CPU and faults, with the server's count of
     the requests all of them sent in it."""
-    t0, n0, c0 = time.monotonic(), server.successes(model), [ProcTimes.of(p.pid) for p in processes]
+    t0, n0, c0 = time.monotonic(), successes(server, model), [ProcTimes.of(p.pid) for p in processes]
     time.sleep(seconds)
-    t1, n1, c1 = time.monotonic(), server.successes(model), [ProcTimes.of(p.pid) for p in processes]
+    t1, n1, c1 = time.monotonic(), successes(server, model), [ProcTimes.of(p.pid) for p in processes]
     return [Window(n1 - n0, t1 - t0, b.user_s - a.user_s, b.system_s - a.system_s, b.minor_faults - a.minor_faults)
             for a, b in zip(c0, c1)]
 
@@ -225,14 +169,14 @@ def stop(process: subprocess.Popen, sig: int = signal.SIGINT, timeout_s: float =
 
 # -- the two clients ----------------------------------------------------------------------------
 
-def locust_command(url: str, protocol: str, dump_dir: Path, report_dir: Path, seconds: float,
+def replay_command(url: str, protocol: str, dump_dir: Path, report_dir: Path, seconds: float,
                    *extra: str, users: int = 1, batch: int = 8, max_values: int = 70_000) -> list[str]:
     """The product path: `locust -f locustfiles/hstu.py` headless, replaying dumps at hit ratio 0."""
-    return [str(BIN / "locust"), "-f", "locustfiles/hstu.py", "--headless", "-u", str(users), "-r", str(users),
-            "-t", f"{int(seconds) + 30}s", "--stage-seconds", str(seconds), "--warmup-seconds", "1",
-            "--workload", "dumps", "--dump-dir", str(dump_dir), "--max-values", str(max_values),
-            "--hit-ratios", "0", "--batch-sizes", str(batch), "--triton-url", url, "--triton-protocol", protocol,
-            "--report-dir", str(report_dir), "--only-summary", *extra]
+    return locust_command("--headless", "-u", str(users), "-r", str(users),
+                          "-t", f"{int(seconds) + 30}s", "--stage-seconds", str(seconds), "--warmup-seconds", "1",
+                          "--workload", "dumps", "--dump-dir", str(dump_dir), "--max-values", str(max_values),
+                          "--hit-ratios", "0", "--batch-sizes", str(batch), "--triton-url", url,
+                          "--triton-protocol", protocol, "--report-dir", str(report_dir), "--only-summary", *extra)
 
 
 def _site_packages() -> Path:
@@ -311,7 +255,8 @@ def table(header: list[str], rows: list[list]) -> str:
 
 
 def this_command() -> str:
-    return "python " + shlex.join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
+    """The command line that ran this benchmark, as given from the repository root."""
+    return "python -m " + shlex.join([f"bench.{Path(sys.argv[0]).stem}", *sys.argv[1:]])
 
 
 # -- requests -----------------------------------------------------------------------------------

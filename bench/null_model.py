@@ -1,6 +1,6 @@
 """A do-nothing PyTriton model server: zeros of the right shape (started by harness.start_null).
 
-    python bench/null_model.py MODEL_NAME GRPC HTTP METRICS [--instances N]   # serve until SIGTERM
+    python -m bench.null_model MODEL_NAME GRPC HTTP METRICS [--instances N]   # serve until SIGTERM
         [--tls-cert PEM --tls-key PEM [--https-port P]]   # gRPC over TLS; HTTPS in front of HTTP
 """
 
@@ -11,14 +11,10 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from hstu_replay.interface import INTERFACES, NUM_TASKS, ModelInterface  # noqa: E402
+from hstu_replay.interface import INTERFACES, NUM_TASKS, ModelInterface
 
 READY = "null-model: ready"
 BY_MODEL = {i.model_name: i for i in INTERFACES.values()}
@@ -45,10 +41,10 @@ def serve(interface: ModelInterface, grpc_port: int, http_port: int, metrics_por
           tls=None, https_port: int = 0) -> None:
     """Host `interface`'s model (`instances` copies) answering zeros until SIGTERM; statistics stay open.
     With `tls` (TlsFiles) gRPC takes TLS only, and `https_port` serves HTTPS as the target does."""
-    from hstu_replay.server.serve import PROTECTED_ENDPOINTS, _python_backend_env
+    from hstu_replay.server.serve import PROTECTED_ENDPOINTS, python_backend_env
     from hstu_replay.server.tls_proxy import TlsForwarder
 
-    _python_backend_env()
+    python_backend_env()
     from pytriton.model_config import ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 

@@ -1,8 +1,8 @@
 """Benchmark `hstu-replay data prepare` against a pandas version of NVIDIA's preprocessing.
 
-    python bench/prepare_bench.py                      # full-size synthetic data (~0.9 GB)
-    python bench/prepare_bench.py --raw DIR            # reuse raw files (synthetic or real)
-    python bench/prepare_bench.py --users 50 --scale 0.05   # a quick small run
+    python -m bench.prepare_bench                      # full-size synthetic data (~0.9 GB)
+    python -m bench.prepare_bench --raw DIR            # reuse raw files (synthetic or real)
+    python -m bench.prepare_bench --users 50 --scale 0.05   # a quick small run
 
 Each implementation runs in its own child process, so its wall time and peak RSS (os.wait4's
 rusage of that child alone) are its own. Then both outputs are compared array by array: same
@@ -21,11 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from hstu_replay.data import schema
+from hstu_replay.interface import ACTION_BITS, CONTEXT_KEYS
 
-from hstu_replay.data import schema  # noqa: E402
-from hstu_replay.interface import ACTION_BITS, CONTEXT_KEYS  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def pandas_prepare(raw: Path):
@@ -91,9 +90,9 @@ def worker(kind: str, raw: Path, out: Path) -> None:
 
 
 def run_child(kind: str, raw: Path, out: Path) -> dict:
-    command = [sys.executable, __file__, "--worker", kind, "--raw", str(raw), "--out", str(out)]
+    command = [sys.executable, "-m", "bench.prepare_bench", "--worker", kind, "--raw", str(raw), "--out", str(out)]
     start = time.perf_counter()
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - start
     stdout = child.stdout.read()

@@ -1,7 +1,7 @@
 """Scale-out: one master and N Locust workers against a server that is not the limit.
 
-    python bench/scale_out.py                       # N = 1, 2; about 3 minutes
-    python bench/scale_out.py --workers 1,2,3 --seconds 10
+    python -m bench.scale_out                       # N = 1, 2; about 3 minutes
+    python -m bench.scale_out --workers 1,2,3 --seconds 10
 
 A do-nothing PyTriton model with the KV-cache interface and `--instances` model instances runs in
 a child process. For each N: a headless master (`locust -f locustfiles/hstu.py --master`) and N
@@ -23,13 +23,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import harness
-from harness import BIN, ROOT, Shape
-
+from bench import harness
+from bench.harness import ROOT, Shape
 from hstu_replay.interface import KVCACHE
+from hstu_replay.loadtest.command import locust_command
 from hstu_replay.loadtest.records import read_records
+from hstu_replay.process import free_ports
 from hstu_replay.stats.histogram import LatencyHistogram
-from hstu_replay.server.serve import free_ports
 
 OUT = ROOT / "runs" / "scale-out"
 SHAPE = Shape(8, 2048, 16)
@@ -58,13 +58,12 @@ def run(server, n: int, args, dumps: Path) -> ScaleResult:
     users = n * args.users_per_worker
     stage = args.warm + args.seconds + 15
     common = ["--report-dir", str(report), "--loglevel", "WARNING"]
-    master_cmd = harness.locust_command(server.url_for(args.protocol), args.protocol, dumps, report, stage,
+    master_cmd = harness.replay_command(server.url_for(args.protocol), args.protocol, dumps, report, stage,
                                         "--master", "--expect-workers", str(n), "--expect-workers-max-wait", "60",
                                         "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
                                         "--verify-fraction", "0", "--loglevel", "WARNING",
                                         users=users, batch=SHAPE.batch, max_values=SHAPE.values)
-    worker_cmd = [str(BIN / "locust"), "-f", "locustfiles/hstu.py", "--worker", "--master-host", "127.0.0.1",
-                  "--master-port", str(port), *common]
+    worker_cmd = locust_command("--worker", "--master-host", "127.0.0.1", "--master-port", str(port), *common)
     logs = [OUT / f"master-{n}.log", *(OUT / f"worker-{n}-{i}.log" for i in range(n))]
     processes = []
     for command, log in zip([master_cmd] + [worker_cmd] * n, logs):

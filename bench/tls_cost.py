@@ -1,7 +1,7 @@
 """What TLS costs the load generator: our transports over TLS against the same transports in the clear, in one run.
 
-    python bench/tls_cost.py                   # about 2 minutes
-    python bench/tls_cost.py --seconds 5 --rounds 1
+    python -m bench.tls_cost                   # about 2 minutes
+    python -m bench.tls_cost --seconds 5 --rounds 1
 
 Two do-nothing PyTriton models with the KV-cache interface run in child processes: one in the
 clear, one with gRPC over TLS (tritonserver's own) and HTTPS through the target's TLS-terminating
@@ -21,11 +21,11 @@ import statistics
 import subprocess
 import sys
 
-import harness
-from client_cost import TRANSPORT_LOOP
-from harness import ROOT, Shape
-
+from bench import harness
+from bench.client_cost import TRANSPORT_LOOP
+from bench.harness import ROOT, Shape
 from hstu_replay.interface import KVCACHE
+from hstu_replay.process import free_ports
 from tests.certs import make_certs
 
 OUT = ROOT / "runs" / "tls-cost"
@@ -34,7 +34,7 @@ SHAPE = Shape(8, 2048, 16)
 
 def loop(protocol: str, url: str, options: dict, seconds: float) -> tuple[float, float]:
     """req/s and client CPU ms per request of our transport, one request in flight."""
-    code = TRANSPORT_LOOP.format(root=str(ROOT), protocol=protocol, url=url, which="ours", options=options,
+    code = TRANSPORT_LOOP.format(protocol=protocol, url=url, which="ours", options=options,
                                  seconds=seconds, shape=(SHAPE.batch, SHAPE.history, SHAPE.candidates),
                                  dumps=str(OUT / "dumps"))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
@@ -53,7 +53,7 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     certs = make_certs(OUT / "certs")
     harness.shape_dumps(SHAPE, OUT / "dumps")
-    (https,) = harness.free_ports(1)
+    (https,) = free_ports(1)
     load_before = harness.machine_load()
     clear = harness.start_null(KVCACHE, OUT / "clear.log")
     secure = harness.start_null(KVCACHE, OUT / "tls.log", extra=["--tls-cert", str(certs.cert), "--tls-key",

@@ -120,6 +120,8 @@ PYTHON_BACKEND = ModelInterface(
 
 #: Registry of known interfaces, by short name.
 INTERFACES: dict[str, ModelInterface] = {i.name: i for i in (KVCACHE, NOCACHE, PYTHON_BACKEND)}
+#: The reference server's own model beside the published ones: reads and empties its KV cache.
+CONTROL_MODEL = "hstu_kvcache_control"
 
 
 @dataclass(frozen=True)

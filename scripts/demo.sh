@@ -4,7 +4,6 @@
 # then run a short headless hit-ratio sweep with verification and leave the HTML report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. scripts/serve_wait.sh
 bash scripts/setup.sh
 . .venv/bin/activate
 
@@ -25,7 +24,8 @@ hstu-replay server serve --repository "$REPO" --http-port "$HTTP_PORT" --grpc-po
     --metrics-port "$METRICS_PORT" --cache-metrics-port "$CACHE_METRICS_PORT" >"$OUT/server.log" 2>&1 &
 SERVER=$!
 trap 'kill -INT $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
-wait_until_serving "$OUT/server.log" $SERVER 60
+hstu-replay server wait --http-port "$HTTP_PORT" --pid $SERVER --log "$OUT/server.log" --timeout 60 ||
+    { tail -20 "$OUT/server.log"; exit 1; }
 
 locust -f locustfiles/hstu.py --headless --only-summary -u 1 -r 1 \
     --host "grpc://127.0.0.1:$GRPC_PORT" --workload dumps --dump-dir "$OUT/dumps" \

@@ -52,7 +52,7 @@ HEADER = "x-api-key"
 class SecureServer:
     """The reference target with gRPC TLS, HTTPS in front of its HTTP port and a required header."""
 
-    handle: object  # tests.conftest.ServerHandle
+    handle: object  # hstu_replay.process.ServerProcess
     https_port: int
     certs: Certs
 

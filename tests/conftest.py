@@ -8,99 +8,39 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hstu_replay.flow.server import port_free  # noqa: E402
-from hstu_replay.server.serve import free_ports  # noqa: E402
+from hstu_replay.loadtest.command import LOCUSTFILE, headless_command, locust_command  # noqa: F401 - for the tests
+from hstu_replay.process import Ports, ServerProcess, free_ports  # noqa: F401 - for the tests
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "datasets" / "sample"
-LOCUSTFILE = ROOT / "locustfiles" / "hstu.py"
 BIN = Path(sys.executable).parent
 
 
-
-
-class Loopback:
-    """Addresses of a server on 127.0.0.1 with `grpc_port` and `http_port`."""
-
-    @property
-    def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    @property
-    def http_url(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
-
-
-@dataclass(frozen=True)
-class ServerHandle(Loopback):
-    process: subprocess.Popen
-    http_port: int
-    grpc_port: int
-    metrics_port: int
-    cache_metrics_port: int
-    log: Path
-    family: dict = None  # pid -> start time of every process the server had started once ready
-
-
 def start_server(repository: Path, log: Path, *extra: str, ready_timeout: float = 120.0,
-                 ports: tuple[int, int, int, int] | None = None) -> ServerHandle:
-    http, grpc, metrics, cache_metrics = ports or free_ports(4)
-    out = log.open("w")
-    process = subprocess.Popen(
-        [str(BIN / "hstu-replay"), "server", "serve", "--repository", str(repository), "--device", "cpu",
-         "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-         "--cache-metrics-port", str(cache_metrics), *extra],
-        stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-    )
-    deadline = time.monotonic() + ready_timeout
-    while time.monotonic() < deadline:
-        if "hstu-replay: serving" in log.read_text(errors="replace"):
-            from hstu_replay.server.watchdog import descendants
-
-            return ServerHandle(process, http, grpc, metrics, cache_metrics, log, descendants(process.pid))
-        if process.poll() is not None:
-            break
-        time.sleep(0.25)
-    process.kill()
-    raise RuntimeError(f"tritonserver did not become ready:\n{log.read_text(errors='replace')[-3000:]}")
+                 ports: Ports | None = None) -> ServerProcess:
+    """`server serve` of `repository` on CPU, started and ready (ServerProcess: `.grpc_url`, `.ports`, `.process`)."""
+    return ServerProcess.serve(repository, log, ports, "--device", "cpu", *extra, ready_timeout_s=ready_timeout,
+                               cwd=ROOT).launch()
 
 
-def stop_server(server: ServerHandle, timeout: float = 60.0) -> int:
-    """SIGTERM; the exit code once the server and everything it started are gone (checked)."""
-    server.process.send_signal(signal.SIGTERM)
-    try:
-        code = server.process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        server.process.kill()
-        server.process.wait(10)
-        raise
-    assert_nothing_left(server)
-    return code
+def stop_server(server: ServerProcess) -> int | None:
+    """SIGTERM; the exit code once the server and everything it started are gone by themselves (checked)."""
+    teardown = server.stop()
+    assert not teardown.forced and teardown.clean, f"left behind by the server: {teardown.forced + teardown.left}"
+    return teardown.exit_code
 
 
-def assert_nothing_left(server: ServerHandle, timeout: float = 15.0) -> None:
+def assert_nothing_left(server: ServerProcess) -> None:
     """No process the server started (tritonserver, backend stubs) and none of its ports outlives it."""
-    from hstu_replay.server.watchdog import _stat
-
-    def left() -> list[str]:
-        alive = [f"pid {pid}" for pid, start in (server.family or {}).items()
-                 if (stat := _stat(pid)) is not None and stat[1] == start]
-        ports = (server.http_port, server.grpc_port, server.metrics_port, server.cache_metrics_port)
-        return alive + [f"port {p}" for p in ports if not port_free(p)]
-
-    deadline = time.monotonic() + timeout
-    while (remaining := left()) and time.monotonic() < deadline:
-        time.sleep(0.25)
-    assert not remaining, f"left behind by the server: {remaining}"
+    stop_server(server)
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -195,10 +135,6 @@ class LocustResult:
         return json.loads((self.report_dir / "report.json").read_text())
 
 
-def locust_command(*args: str) -> list[str]:
-    return [str(BIN / "locust"), "-f", str(LOCUSTFILE), *args]
-
-
 def run_distributed(tmp_path: Path, *args: str, users: int = 4, workers: int = 2,
                     during: Callable[[Path, list[subprocess.Popen]], None] | None = None) -> tuple[int, Path, str]:
     """A real master (headless) and `workers` workers on loopback: exit code, report dir, master log.
@@ -237,8 +173,7 @@ def run_locust(report_dir: Path, *args: str, timeout: float = 180.0) -> LocustRe
     """A real headless Locust run (bounded by `timeout`)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.run(
-        locust_command("--headless", "--only-summary", "--loglevel", "WARNING", "--report-dir", str(report_dir),
-                       *args),
+        headless_command(report_dir, *args),
         capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env,
     )
     return LocustResult(proc.returncode, proc.stdout, proc.stderr, report_dir)
@@ -247,19 +182,16 @@ def run_locust(report_dir: Path, *args: str, timeout: float = 180.0) -> LocustRe
 # ---------------------------------------------------------------------------------------------------------
 # The KV-cache oracle (tests/oracle/server.py): an independent server that records what it was sent.
 
-from collections.abc import Iterator  # noqa: E402
-
-
 @dataclass(frozen=True)
-class OracleHandle(Loopback):
-    """One running oracle variant; `log` is its JSON-lines record of requests, `output` its stdout/stderr."""
+class OracleHandle:
+    """One running oracle variant; `log` is its JSON-lines record of requests (its output: `server.log`)."""
 
-    process: subprocess.Popen
-    grpc_port: int
-    http_port: int
-    metrics_port: int
+    server: ServerProcess
     log: Path
-    output: Path
+
+    @property
+    def grpc_url(self) -> str:
+        return self.server.grpc_url
 
     def records(self) -> list[dict]:
         from tests.oracle.server import read_log
@@ -267,51 +199,12 @@ class OracleHandle(Loopback):
         return read_log(self.log)
 
 
-def _group_alive(pgid: int) -> list[str]:
-    """Processes of group `pgid` that are not zombies, as "pid state command"."""
-    alive = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            stat = (proc / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            alive.append(f"{proc.name} {fields[0]} {stat[stat.index('(') + 1:stat.rindex(')')]}")
-    return alive
-
-
-def stop_oracle(handle: OracleHandle, timeout_s: float = 30.0) -> None:
-    """SIGTERM, then SIGKILL to the process group; fails if anything of the group is still running."""
-    pgid = handle.process.pid  # launched with start_new_session=True
-    if handle.process.poll() is None:
-        handle.process.send_signal(signal.SIGTERM)
-        try:
-            handle.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    handle.process.wait(10)
-    deadline = time.monotonic() + 10
-    while (left := _group_alive(pgid)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not left, f"oracle processes left running: {left}"
-
-
 @pytest.fixture(scope="session")
 def oracle_servers(tmp_path_factory) -> Iterator[Callable[..., OracleHandle]]:
     """`get(cached_tokens, budget_tokens=0, page_tokens=32, max_values=40000) -> OracleHandle`: each distinct
     variant is started once per session on free ports and stopped at the end. Its cache and log are shared by
     every test that asks for that variant: use keys of your own and look only at records you caused."""
-    if str(ROOT) not in sys.path:  # `bench` is a plain folder of the checkout
-        sys.path.insert(0, str(ROOT))
-    from bench.harness import ChildServer
-    from tests.oracle.server import READY
+    from tests.oracle.server import MODEL_NAME
 
     started: dict[tuple[bool, int, int, int], OracleHandle] = {}
 
@@ -320,26 +213,21 @@ def oracle_servers(tmp_path_factory) -> Iterator[Callable[..., OracleHandle]]:
         variant = (cached_tokens, budget_tokens, page_tokens, max_values)
         if variant not in started:
             root = tmp_path_factory.mktemp("oracle")
-            grpc, http, metrics = free_ports(3)
-            command = [sys.executable, "-m", "tests.oracle.server", "--grpc-port", str(grpc),
-                       "--http-port", str(http), "--metrics-port", str(metrics), "--log", str(root / "requests.jsonl"),
-                       "--budget-tokens", str(budget_tokens), "--page-tokens", str(page_tokens),
-                       "--max-values", str(max_values)]
+            ports = Ports.free(cache_metrics=False)
+            command = [sys.executable, "-m", "tests.oracle.server", "--grpc-port", str(ports.grpc),
+                       "--http-port", str(ports.http), "--metrics-port", str(ports.metrics),
+                       "--log", str(root / "requests.jsonl"), "--budget-tokens", str(budget_tokens),
+                       "--page-tokens", str(page_tokens), "--max-values", str(max_values)]
             if cached_tokens:
                 command.append("--cached-tokens")
-            server = ChildServer.launch(command, grpc, root / "server.log", READY, timeout_s=120.0)
-            started[variant] = OracleHandle(server.process, grpc, http, metrics, root / "requests.jsonl",
-                                            root / "server.log")
+            server = ServerProcess(command, root / "server.log", ports, (MODEL_NAME,), ready_timeout_s=120.0, cwd=ROOT)
+            started[variant] = OracleHandle(server.launch(), root / "requests.jsonl")
         return started[variant]
 
     yield get
-    problems = []
-    for handle in started.values():
-        try:
-            stop_oracle(handle)
-        except AssertionError as exc:
-            problems.append(str(exc))
-    assert not problems, problems
+    left = [f"{list(variant)}: {', '.join(t.left)}" for variant, handle in started.items()
+            if not (t := handle.server.stop(30.0)).clean]
+    assert not left, f"oracle processes left running: {left}"
 
 
 pytest_plugins = ["tests.certs"]  # `secure`: one TLS server per session, for tests/client and tests/loadtest

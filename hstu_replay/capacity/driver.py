@@ -12,20 +12,18 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-import hstu_replay
 from hstu_replay.capacity import metrics
 from hstu_replay.capacity.search import Measurement, RatioResult, Slo, StepResult, step_until_breach, summarize
 from hstu_replay.capacity.workers import DEFAULT_CORE_SHARE
 from hstu_replay.errors import ConfigError, ServerError
+from hstu_replay.loadtest.command import headless_command
 
-LOCUSTFILE = hstu_replay.LOCUSTFILE
 STEPS_DIR = "steps"
 LOG_NAME = "locust.log"
 GAUGE_PERIOD_S = 2.0  # Triton refreshes its GPU/CPU gauges every 2 s by default
@@ -95,21 +93,19 @@ class CapacityPlan:
         return self.out_dir / STEPS_DIR / self.step_name(ratio, load)
 
 
-def locust_command(plan: CapacityPlan, ratio: float, load: float, report_dir: Path) -> list[str]:
+def step_command(plan: CapacityPlan, ratio: float, load: float, report_dir: Path) -> list[str]:
     """The Locust command line of one step: the step's own options, then the pass-through ones."""
-    return [
-        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
-        "--loglevel", "WARNING", *plan.load_kind.args(load, plan),
+    return headless_command(
+        report_dir, *plan.load_kind.args(load, plan),
         "--hit-ratios", f"{ratio:g}", "--batch-sizes", str(plan.batch_size),
         "--stage-seconds", f"{plan.step_seconds:g}", "--warmup-seconds", f"{plan.warmup_seconds:g}",
-        "--triton-model", plan.model, "--report-dir", str(report_dir),
-        *plan.workload_args, *plan.locust_args,
-    ]
+        "--triton-model", plan.model, *plan.workload_args, *plan.locust_args,
+    )
 
 
 # -- one step ---------------------------------------------------------------------------------
 
-def _fresh_dir(path: Path) -> Path:
+def fresh_dir(path: Path) -> Path:
     """The step's directory, emptied: records of an earlier run must not mix into this one."""
     if path.exists():
         shutil.rmtree(path)
@@ -117,7 +113,7 @@ def _fresh_dir(path: Path) -> Path:
     return path
 
 
-def _stop(proc: subprocess.Popen, grace: float = KILL_GRACE_S) -> None:
+def stop_step(proc: subprocess.Popen, grace: float = KILL_GRACE_S) -> None:
     """SIGTERM the process group (Locust then writes its report), SIGKILL after `grace` seconds."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
@@ -131,7 +127,7 @@ def _stop(proc: subprocess.Popen, grace: float = KILL_GRACE_S) -> None:
             continue
 
 
-def _wait(proc: subprocess.Popen, timeout_s: float, sample: Callable[[], None] | None) -> bool:
+def wait_step(proc: subprocess.Popen, timeout_s: float, sample: Callable[[], None] | None) -> bool:
     """Wait for the step, sampling gauges every GAUGE_PERIOD_S; True when it ran past timeout_s."""
     deadline = time.monotonic() + timeout_s
     while (left := deadline - time.monotonic()) > 0:
@@ -141,11 +137,11 @@ def _wait(proc: subprocess.Popen, timeout_s: float, sample: Callable[[], None] |
         except subprocess.TimeoutExpired:
             if sample is not None and deadline - time.monotonic() > 0:
                 sample()
-    _stop(proc)
+    stop_step(proc)
     return True
 
 
-def _last_error(log: Path) -> str:
+def last_error(log: Path) -> str:
     lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("hstu-replay: error")]
     return (errors or lines or ["(no output)"])[-1]
@@ -179,7 +175,7 @@ def measurement_from_report(report: dict, load: float) -> Measurement:
 
 def run_step(plan: CapacityPlan, ratio: float, load: float) -> Measurement:
     """One real Locust run; raises ServerError when Locust refuses to start (bad options, no server)."""
-    step_dir = _fresh_dir(plan.step_dir(ratio, load))
+    step_dir = fresh_dir(plan.step_dir(ratio, load))
     log = step_dir / LOG_NAME
     model = plan.model
     before = metrics.try_scrape(plan.metrics_url)
@@ -192,25 +188,25 @@ def run_step(plan: CapacityPlan, ratio: float, load: float) -> Measurement:
             during.append(scrape)
 
     with log.open("w") as out:
-        proc = subprocess.Popen(locust_command(plan, ratio, load, step_dir), stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(step_command(plan, ratio, load, step_dir), stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=dict(os.environ, PYTHONUNBUFFERED="1"),
                                 start_new_session=True)
         try:
-            timed_out = _wait(proc, plan.step_timeout_s, sample if plan.metrics_url else None)
+            timed_out = wait_step(proc, plan.step_timeout_s, sample if plan.metrics_url else None)
         except BaseException:  # Ctrl-C reaches only us: the step runs in its own session
-            _stop(proc)
+            stop_step(proc)
             raise
     after = metrics.try_scrape(plan.metrics_url)
     step_metrics = metrics.step_metrics(before, after, during, model, cache_before,
                                         metrics.try_scrape(plan.cache_metrics_url))
     name = plan.step_name(ratio, load)
     if proc.returncode == LOCUST_BAD_START and not timed_out:
-        raise ServerError(f"step {name}: Locust stopped: {_last_error(log)} (log: {log})")
+        raise ServerError(f"step {name}: Locust stopped: {last_error(log)} (log: {log})")
     report_path = step_dir / "report.json"
     if report_path.is_file():
         measured = measurement_from_report(json.loads(report_path.read_text()), load)
     else:
-        measured = Measurement(load, problem=f"Locust exited {proc.returncode} without a report: {_last_error(log)}")
+        measured = Measurement(load, problem=f"Locust exited {proc.returncode} without a report: {last_error(log)}")
     problem = f"timed out after {plan.step_timeout_s:g} s" if timed_out else measured.problem
     return replace(measured, metrics=step_metrics, report_dir=str(step_dir), returncode=proc.returncode,
                    problem=problem)

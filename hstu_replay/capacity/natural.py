@@ -17,18 +17,18 @@ import json
 import math
 import os
 import subprocess
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from hstu_replay.capacity.driver import LOCUSTFILE, _fresh_dir, _last_error, _stop, _wait, measurement_from_report
+from hstu_replay.capacity.driver import (LOCUST_BAD_START, fresh_dir, last_error, measurement_from_report, stop_step,
+                                         wait_step)
 from hstu_replay.capacity.search import Measurement, Slo, judge
 from hstu_replay.errors import ConfigError, ServerError
 from hstu_replay.interface import Limits
+from hstu_replay.loadtest.command import headless_command
+from hstu_replay.process import ServerProcess, StartFailed
 
-SERVE_READY = "hstu-replay: serving"
 SERVER_STOP_GRACE_S = 60.0  # a step's processes get this long after SIGTERM before SIGKILL
 SERVE_TIMEOUT_S = 180.0
 RESULT_JSON = "capacity_natural.json"
@@ -108,57 +108,47 @@ def window_ratio(plan: NaturalPlan, computed: dict, budget: int, servers: int, r
     return (hits - warm_hits) / (tokens - warm_tokens)
 
 
-def locust_command(plan: NaturalPlan, grpc_url: str, budget: int, servers: int, report_dir: Path) -> list[str]:
-    return [
-        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary", "--loglevel", "WARNING",
-        "-u", str(plan.users), "-r", str(plan.users), "--triton-url", grpc_url, "--workload", "timeline",
+def step_command(plan: NaturalPlan, grpc_url: str, budget: int, servers: int, report_dir: Path) -> list[str]:
+    return headless_command(
+        report_dir, "-u", str(plan.users), "-r", str(plan.users), "--triton-url", grpc_url, "--workload", "timeline",
         "--store", plan.store, "--timeline-shard", f"0/{servers}", "--batch-sizes", str(plan.batch_size),
         "--time-slice-ms", str(plan.time_slice_ms), "--arrival", "constant",
         "--request-rate", f"{plan.request_rate / servers:g}", "--stage-seconds", f"{plan.step_seconds:g}",
         "--warmup-seconds", f"{plan.warmup_seconds:g}", "--max-history", str(plan.max_history),
         "--candidates", str(plan.candidates), "--cache-budget-tokens", str(budget),
-        "--cache-page-tokens", str(plan.page_tokens), "--report-dir", str(report_dir),
-    ]
+        "--cache-page-tokens", str(plan.page_tokens),
+    )
 
 
 def run_natural_step(plan: NaturalPlan, budget: int, servers: int) -> Measurement:
     """A fresh built-in target with `budget`, one natural replay of its share at its share of the rate."""
-    from hstu_replay.server.serve import free_ports
-
-    step_dir = _fresh_dir(plan.out_dir / "steps" / f"b{budget}_s{servers}")
-    http, grpc, metrics, cache_metrics = free_ports(4)
-    server_log = step_dir / "server.log"
-    with server_log.open("w") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "hstu_replay.cli", "server", "serve", "--repository", plan.repository,
-             "--host", "127.0.0.1", "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-             "--cache-metrics-port", str(cache_metrics), "--cache-budget-tokens", str(budget),
-             "--page-tokens", str(plan.page_tokens), *plan.serve_args],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    step_dir = fresh_dir(plan.out_dir / "steps" / f"b{budget}_s{servers}")
+    server = ServerProcess.serve(plan.repository, step_dir / "server.log", None, "--cache-budget-tokens", str(budget),
+                                 "--page-tokens", str(plan.page_tokens), *plan.serve_args,
+                                 ready_timeout_s=SERVE_TIMEOUT_S)
     try:
-        deadline = time.monotonic() + SERVE_TIMEOUT_S
-        while SERVE_READY not in server_log.read_text(errors="replace"):
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise ServerError(f"the target did not start with budget {budget}: {_last_error(server_log)} "
-                                  f"(log: {server_log})")
-            time.sleep(0.25)
+        server.start()
+        try:
+            server.wait_ready()
+        except StartFailed as exc:
+            raise ServerError(f"the target did not start with budget {budget}: {exc}") from None
         log = step_dir / "locust.log"
         with log.open("w") as out:
-            proc = subprocess.Popen(locust_command(plan, f"127.0.0.1:{grpc}", budget, servers, step_dir),
+            proc = subprocess.Popen(step_command(plan, server.grpc_url, budget, servers, step_dir),
                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
             try:
-                timed_out = _wait(proc, plan.warmup_seconds + plan.step_seconds + 120.0, None)
+                timed_out = wait_step(proc, plan.warmup_seconds + plan.step_seconds + 120.0, None)
             except BaseException:
-                _stop(proc, SERVER_STOP_GRACE_S)
+                stop_step(proc, SERVER_STOP_GRACE_S)
                 raise
     finally:
-        _stop(server, SERVER_STOP_GRACE_S)
-    if proc.returncode == 2 and not timed_out:
-        raise ServerError(f"step b{budget}_s{servers}: Locust stopped: {_last_error(log)} (log: {log})")
+        server.stop(SERVER_STOP_GRACE_S)
+    if proc.returncode == LOCUST_BAD_START and not timed_out:
+        raise ServerError(f"step b{budget}_s{servers}: Locust stopped: {last_error(log)} (log: {log})")
     report = step_dir / "report.json"
     if not report.is_file():
-        return Measurement(float(budget), problem=f"Locust exited {proc.returncode} without a report: {_last_error(log)}",
+        return Measurement(float(budget), problem=f"Locust exited {proc.returncode} without a report: {last_error(log)}",
                            report_dir=str(step_dir))
     measured = measurement_from_report(json.loads(report.read_text()), float(budget))
     return replace(measured, report_dir=str(step_dir), returncode=proc.returncode,

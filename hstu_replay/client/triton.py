@@ -196,8 +196,8 @@ class TritonClient:
         to take it) with one line on failure."""
         binding = self.binding or self.connect()
         result, seconds = self._transport.infer(tensors.input_parts(binding.interface), binding.outputs)
-        logits = _output(result, binding.interface.logits_output, (tensors.num_logits, NUM_TASKS))
-        cached = _output(result, CACHED_TOKENS_OUTPUT, (tensors.batch_size,)) if binding.reports_hits else None
+        logits = checked_output(result, binding.interface.logits_output, (tensors.num_logits, NUM_TASKS))
+        cached = checked_output(result, CACHED_TOKENS_OUTPUT, (tensors.batch_size,)) if binding.reports_hits else None
         return InferResponse(logits, cached, seconds)
 
     def server_statistics(self, model: str | None = None) -> dict:
@@ -220,7 +220,7 @@ class TritonClient:
         return {"as_json": True} if self.options.protocol == "grpc" else {}
 
 
-def _output(result: Mapping[str, np.ndarray], name: str, shape: tuple[int, ...]) -> np.ndarray:
+def checked_output(result: Mapping[str, np.ndarray], name: str, shape: tuple[int, ...]) -> np.ndarray:
     """One output of a response, checked against the shape the request implies (a malformed
     answer is a failed request, never a silently unverified one)."""
     array = result.get(name)

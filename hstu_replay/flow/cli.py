@@ -10,7 +10,7 @@ from hstu_replay.arguments import (
     CANDIDATES, DEVICE, DUMP_BATCH_SIZE, DUMP_BATCHES, DUMP_SEED, MODEL_CONFIG, MODEL_MAX_HISTORY, STORE, THREADS,
     TOLERANCE, TRITON_PROTOCOL, WEIGHTS_SEED, Option,
 )
-from hstu_replay.flow.server import Ports
+from hstu_replay.process import Ports
 
 
 def add_commands(groups: Any) -> None:
@@ -44,13 +44,13 @@ def add_commands(groups: Any) -> None:
 
 def _l0(args: argparse.Namespace) -> int:
     from hstu_replay.flow.l0 import L0Options, run_l0, summary_line
-    from hstu_replay.server.cli import _device
+    from hstu_replay.server.cli import resolve_device
 
     options = L0Options(
         out=Path(args.out), config=args.config, store=Path(args.store) if args.store else None,
         export_from=Path(args.export_from) if args.export_from else None, batches=args.batches,
         batch_size=args.batch_size, candidates=args.candidates, max_history=args.max_history, seed=args.seed,
-        dump_seed=args.dump_seed, tolerance=args.tolerance, protocol=args.protocol, device=_device(args.device),
+        dump_seed=args.dump_seed, tolerance=args.tolerance, protocol=args.protocol, device=resolve_device(args.device),
         threads=args.threads, ready_timeout_s=args.ready_timeout, pause_s=args.pause, ports=_ports(args.ports),
     )
     code, record = run_l0(options)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hstu_replay.errors import ConfigError, HstuReplayError
-from hstu_replay.flow.server import Ports, ServerProcess, StartFailed, Teardown
+from hstu_replay.process import Ports, ServerProcess, StartFailed, Teardown
 
 MARKER = ".hstu-replay-flow"
 #: Entries of --out the flow writes (and empties on a rerun); nothing else there is touched.
@@ -273,19 +273,14 @@ def _synthetic_store(layout: Layout, seed: int) -> Path:
 
 def _server(options: L0Options, layout: Layout) -> ServerProcess:
     """The server process, not started yet."""
-    from hstu_replay.server.serve import free_ports
-
-    ports = options.ports or Ports(*free_ports(4))
-    return ServerProcess.of_target(layout.repository, layout.logs / "server.log", ports, "--config", options.config,
-                                   "--seed", str(options.seed), "--device", options.device,
-                                   "--threads", str(options.threads))
+    return ServerProcess.serve(layout.repository, layout.logs / "server.log", options.ports, "--config", options.config,
+                               "--seed", str(options.seed), "--device", options.device,
+                               "--threads", str(options.threads), ready_timeout_s=options.ready_timeout_s)
 
 
 def _wait_ready(options: L0Options, server: ServerProcess, record: FlowRecord) -> None:
-    from hstu_replay.interface import KVCACHE
-
     try:
-        ready = server.wait_ready(KVCACHE.model_name, options.ready_timeout_s)
+        ready = server.wait_ready()
     except StartFailed as exc:
         raise FlowFailed(str(exc)) from None
     record.facts["server"]["ready_seconds"] = round(ready, 3)
@@ -315,7 +310,7 @@ def _replay(options: L0Options, layout: Layout, server: ServerProcess, record: F
             "warmup": outcome.warmup.summary(), "passes": [p.summary() for p in outcome.passes],
             "failed": [c.describe() for c in outcome.failed],
         }
-        record.facts["warnings"] = _hit_warnings(record.facts["client"]["passes"])
+        record.facts["warnings"] = hit_warnings(record.facts["client"]["passes"])
         if not outcome.ok:
             failed = outcome.failed
             detail = f"only {len(outcome.passes)} of 2 passes ran"
@@ -325,7 +320,7 @@ def _replay(options: L0Options, layout: Layout, server: ServerProcess, record: F
             raise FlowFailed(f"{detail}; {down}" if down else detail)
 
 
-def _hit_warnings(passes: list[dict]) -> list[str]:
+def hit_warnings(passes: list[dict]) -> list[str]:
     """Where the server reports its hits and they are not what the passes are named for (all
     computed in pass 1, all reused in pass 2: NVIDIA's convention), say so: a flagged figure."""
     expected = {"cold": 0.0, "cached": 1.0}

@@ -1,4 +1,5 @@
-"""`hstu-replay server export|serve|dump`: the reference server's commands (need the [target] extra)."""
+"""`hstu-replay server export|serve|wait|dump`: the reference server's commands (export, serve and dump need
+the [target] extra)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ SERVE_OPTIONS = (
 
 def add_commands(groups) -> None:
     server = groups.add_parser("server", aliases=["target"],
-                               help="the reference HSTU server: export, serve, dump")
+                               help="the reference HSTU server: export, serve, wait, dump")
     commands = server.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     export = commands.add_parser("export", help="compile the model with AOTInductor into a Triton repository")
@@ -50,6 +51,13 @@ def add_commands(groups) -> None:
     for option in SERVE_OPTIONS:
         option.add_to(serve)
     serve.set_defaults(func=_serve)
+
+    wait = commands.add_parser("wait", help="until a `server serve` started by a script serves its model")
+    wait.add_argument("--http-port", type=int, default=8000)
+    wait.add_argument("--pid", type=int, required=True, help="the server's process: fail at once when it is gone")
+    wait.add_argument("--log", required=True, help="the server's log: its own error line is quoted on failure")
+    wait.add_argument("--timeout", type=float, default=180.0, help="seconds (default 180)")
+    wait.set_defaults(func=_wait)
 
     dump = commands.add_parser("dump", help="write NVIDIA-format reference dumps drawn from a prepared store")
     _model_args(dump)
@@ -69,7 +77,7 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
         option.add_to(parser)
 
 
-def _device(name: str) -> str:
+def resolve_device(name: str) -> str:
     import torch
 
     if name == "auto":
@@ -82,7 +90,28 @@ def _device(name: str) -> str:
 def _export(args) -> int:
     from hstu_replay.server.build import export_repository
 
-    export_repository(args.repository, args.config, args.seed, _device(args.device), force=True)
+    export_repository(args.repository, args.config, args.seed, resolve_device(args.device), force=True)
+    return 0
+
+
+def _wait(args) -> int:
+    """The readiness rule of `hstu_replay.process`, for a server this process did not start."""
+    from pathlib import Path
+
+    from hstu_replay.errors import ServerError
+    from hstu_replay.process import SERVED_MODELS, StartFailed, model_ready, models_named, wait_ready
+    from hstu_replay.server.watchdog import proc_stat
+
+    def exited() -> str | None:
+        return None if proc_stat(args.pid) is not None else f"process {args.pid} is gone"
+
+    try:
+        seconds = wait_ready(model_ready(args.http_port), models_named(SERVED_MODELS), exited, Path(args.log),
+                             args.timeout)
+    except StartFailed as exc:
+        raise ServerError(str(exc)) from None
+    print(f"hstu-replay: {models_named(SERVED_MODELS)} ready on http port {args.http_port} after {seconds:.1f} s",
+          flush=True)
     return 0
 
 
@@ -107,7 +136,7 @@ def _serve(args) -> int:
     check_ports_free(options)
     start_watchdog()  # tritonserver and its stubs go when this process goes, even by SIGKILL
     print(f"hstu-replay: model threads {threads}", file=sys.stderr, flush=True)
-    device = _device(args.device)
+    device = resolve_device(args.device)
     config = get_config(args.config, args.dtype)
     engines = ENGINE_KINDS[args.engine](args.repository, config, args.seed, args.cache_budget_tokens,
                                         args.page_tokens, device)
@@ -119,7 +148,7 @@ def _dump(args) -> int:
     from hstu_replay.server.build import export_repository, load_engines
     from hstu_replay.server.dump import write_reference_dumps
 
-    device = _device(args.device)
+    device = resolve_device(args.device)
     export_repository(args.repository, args.config, args.seed, device)
     engines = load_engines(args.repository, None, 32, device)
     written = write_reference_dumps(engines.uncached, args.store, args.out, args.batches, args.batch_size,

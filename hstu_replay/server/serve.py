@@ -29,13 +29,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 
 from hstu_replay.errors import ConfigError, ServerError
-from hstu_replay.interface import KVCACHE, NOCACHE, PYTHON_BACKEND, ModelInterface
+from hstu_replay.interface import CONTROL_MODEL, KVCACHE, NOCACHE, PYTHON_BACKEND, ModelInterface
 from hstu_replay.request import RequestTensors
 from hstu_replay.server.batched import BatchedEngine
 from hstu_replay.server.engine import PackagedRanker, RankingEngine
 from hstu_replay.server.tls_proxy import TlsFiles, TlsForwarder
 
-CONTROL_MODEL = "hstu_kvcache_control"
 CONTROL_OUTPUTS = ("HIT_TOKENS", "COMPUTED_TOKENS", "EVICTED_USERS", "RESIDENT_TOKENS", "REQUESTS")
 #: Triton endpoints behind PyTriton's access token; statistics stay open for load-test clients.
 PROTECTED_ENDPOINTS = ["shared-memory", "model-repository", "trace", "logging"]
@@ -134,17 +133,6 @@ class Engines:
     uncached: PackagedRanker | BatchedEngine  # hstu_gr_ranking and hstu_model: no cache kept
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """`n` ports free on `host` at the time of asking (for tests and benchmarks)."""
-    socks = [socket.socket() for _ in range(n)]
-    for sock in socks:
-        sock.bind((host, 0))
-    ports = [sock.getsockname()[1] for sock in socks]
-    for sock in socks:
-        sock.close()
-    return ports
-
-
 def check_ports_free(options: ServeOptions) -> None:
     """Fail early, in one line, when a port is taken (tritonserver would only log it)."""
     for name, port in options.ports.items():
@@ -226,7 +214,7 @@ def start_cache_metrics(engine: RankingEngine, options: ServeOptions) -> Threadi
     return server
 
 
-def _python_backend_env() -> None:
+def python_backend_env() -> None:
     """The backend stub links the system libpython; put the running interpreter's first."""
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     current = os.environ.get("LD_LIBRARY_PATH", "")
@@ -237,7 +225,7 @@ def _python_backend_env() -> None:
 def serve(engines: Engines, options: ServeOptions, stop: threading.Event | None = None) -> None:
     """Run until SIGINT/SIGTERM (or `stop` is set); returns after a clean shutdown."""
     check_ports_free(options)
-    _python_backend_env()
+    python_backend_env()
     from pytriton.model_config import ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 

@@ -21,7 +21,7 @@ from pathlib import Path
 PERIOD_S = 0.5
 
 
-def _stat(pid: int) -> tuple[int, int] | None:
+def proc_stat(pid: int) -> tuple[int, int] | None:
     """(parent pid, start time) of a live, non-zombie process; None otherwise."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
@@ -38,7 +38,7 @@ def descendants(owner: int) -> dict[int, int]:
     children: dict[int, list[int]] = {}
     starts: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
+        if entry.name.isdigit() and (stat := proc_stat(int(entry.name))) is not None:
             children.setdefault(stat[0], []).append(int(entry.name))
             starts[int(entry.name)] = stat[1]
     found, todo = {}, [owner]
@@ -54,7 +54,7 @@ def kill_noted(noted: dict[int, int]) -> list[int]:
     """SIGKILL each noted process that still runs as the one noted; the pids killed."""
     killed = []
     for pid, start in noted.items():
-        stat = _stat(pid)
+        stat = proc_stat(pid)
         if stat is not None and stat[1] == start:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -68,7 +68,7 @@ def watch(owner: int) -> list[int]:
     """Note the owner's descendants while it lives (bounded by its life), then kill them."""
     noted: dict[int, int] = {}
     watchdog = os.getpid()
-    while _stat(owner) is not None:
+    while proc_stat(owner) is not None:
         noted.update((pid, start) for pid, start in descendants(owner).items() if pid != watchdog)
         time.sleep(PERIOD_S)
     return kill_noted(noted)

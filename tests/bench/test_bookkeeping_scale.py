@@ -1,4 +1,4 @@
-"""bench/bookkeeping_scale.py --quick runs through the real classes and finds bookkeeping bounded.
+"""`python -m bench.bookkeeping_scale --quick` runs through the real classes and finds bookkeeping bounded.
 
 No timing is asserted here (figures belong in BENCHMARKS.md): only that the run completes, the
 cache model's resident keys stay bounded, the process's memory stays flat in run length, and
@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "bookkeeping_scale.py"
 
 
 def table_rows(text: str, header_start: str) -> list[list[str]]:
@@ -36,7 +35,7 @@ def number(cell: str) -> int:
 
 @pytest.mark.integration  # a bench run through Locust's real classes (about 25 s)
 def test_quick_run_keeps_the_bookkeeping_bounded(tmp_path):
-    result = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out-dir", str(tmp_path)],
+    result = subprocess.run([sys.executable, "-m", "bench.bookkeeping_scale", "--quick", "--out-dir", str(tmp_path)],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout

@@ -15,7 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from hstu_replay.dumps.reader import read_dump
-from hstu_replay.server.serve import free_ports
+from hstu_replay.process import free_ports
 from tests.conftest import BIN, ROOT
 
 pytestmark = pytest.mark.integration
@@ -60,13 +60,13 @@ def test_protocol_figures_agree_with_the_server_and_the_wall_clock(triton_server
     # pass 2 reuses every history token of the measured users; the warm-up and pass 1 reuse none
     expected_hits = sum(int(history[b:(users // b) * b].sum()) for b in (1, 2, 4, 8))
 
-    before, hits_before = _server_counts(triton_server.grpc_url), _hit_tokens(triton_server.cache_metrics_port)
+    before, hits_before = _server_counts(triton_server.grpc_url), _hit_tokens(triton_server.ports.cache_metrics)
     start = time.perf_counter()
     result = _protocol("--triton-url", triton_server.grpc_url, "--dump-dir", str(reference_dumps),
                        "--batch-sizes", "1,2,4,8", "--sleep", str(SLEEP_S), "--hardware", "test CPU",
                        "--out", str(tmp_path / "out"))
     outer_s = time.perf_counter() - start
-    after, hits_after = _server_counts(triton_server.grpc_url), _hit_tokens(triton_server.cache_metrics_port)
+    after, hits_after = _server_counts(triton_server.grpc_url), _hit_tokens(triton_server.ports.cache_metrics)
     assert result.returncode == 0, result.stderr[-3000:]
 
     report = json.loads((tmp_path / "out" / "protocol.json").read_text())

@@ -15,7 +15,7 @@ import pytest
 
 from hstu_replay.report import capacity as capacity_report
 from hstu_replay.capacity.cli import plan_from_args
-from hstu_replay.capacity.driver import LOAD_KINDS, CapacityPlan, locust_command, measurement_from_report, run_capacity
+from hstu_replay.capacity.driver import LOAD_KINDS, CapacityPlan, step_command, measurement_from_report, run_capacity
 from hstu_replay.capacity.search import Measurement, Slo
 from hstu_replay.cli import build_parser, main
 from hstu_replay.report import plots
@@ -63,7 +63,7 @@ def test_plan_and_step_command_closed_loop(tmp_path):
     assert plan.slo == Slo(50.0, 0.01) and plan.step_timeout_s == 132.0
     assert plan.metrics_url == "http://h:8002/metrics"
     assert plan.step_dir(1.0, 4) == tmp_path / "steps" / "h1.00_u4"
-    cmd = locust_command(plan, 1.0, 4, plan.step_dir(1.0, 4))
+    cmd = step_command(plan, 1.0, 4, plan.step_dir(1.0, 4))
     assert cmd[:3] == [sys.executable, "-m", "locust"] and cmd[4].endswith("hstu_replay/locustfile.py")
     text = " ".join(cmd)
     for part in ("--headless --only-summary", "-u 4 -r 4", "--hit-ratios 1 ", "--batch-sizes 2",
@@ -76,7 +76,7 @@ def test_plan_and_step_command_closed_loop(tmp_path):
 def test_step_command_open_loop():
     plan = parse("--slo-p99-ms", "50", "--rate-steps", "5,10.5", "--rate-users", "3", "--store", "s")
     assert plan.load_kind is LOAD_KINDS["rate"] and plan.loads == (5.0, 10.5)
-    text = " ".join(locust_command(plan, 0.5, 10.5, Path("x")))
+    text = " ".join(step_command(plan, 0.5, 10.5, Path("x")))
     assert "-u 3 -r 3 --arrival poisson --request-rate 10.5" in text and "--workload sessions --store s" in text
     assert plan.step_name(0.5, 10.5) == "h0.50_r10.5"
 
@@ -171,8 +171,8 @@ def capacity(out: Path, server, dumps, *args: str, timeout: float = 150.0) -> su
 def test_a_real_capacity_run(triton_server, reference_dumps, tmp_path):
     result = capacity(tmp_path, triton_server, reference_dumps, "--hit-ratios", "0,1.0", "--users-steps", "1,2",
                       "--slo-p99-ms", "60000", "--target-rps", "2000", "--batch-size", "8",
-                      "--metrics-url", f"127.0.0.1:{triton_server.metrics_port}",
-                      "--cache-metrics-url", f"127.0.0.1:{triton_server.cache_metrics_port}")
+                      "--metrics-url", f"127.0.0.1:{triton_server.ports.metrics}",
+                      "--cache-metrics-url", f"127.0.0.1:{triton_server.ports.cache_metrics}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     data = json.loads((tmp_path / "capacity.json").read_text())
     assert data["passed"] is True

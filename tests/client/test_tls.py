@@ -13,8 +13,8 @@ from hstu_replay.client.triton import ClientOptions, TritonClient
 from hstu_replay.errors import AccessDenied, ServerError
 from hstu_replay.interface import KVCACHE
 from tests.certs import SENTINEL, SecureServer
-from tests.client.test_triton import _rekeyed, _request
-from tests.client.test_triton import _tritonclient_logits as tritonclient_logits
+from tests.client.test_triton import rekeyed, sample_request
+from tests.client.test_triton import tritonclient_logits
 
 pytestmark = pytest.mark.integration
 PROTOCOLS = ["grpc", "http"]
@@ -26,7 +26,7 @@ def _client(secure: SecureServer, protocol: str, host: str = "127.0.0.1", **opti
     return TritonClient(ClientOptions(url=f"{host}:{port}", protocol=protocol, timeout_s=20, **(defaults | options)))
 
 
-def _tritonclient_logits(secure: SecureServer, protocol: str, request) -> np.ndarray:
+def tls_tritonclient_logits(secure: SecureServer, protocol: str, request) -> np.ndarray:
     """The same request through NVIDIA's tritonclient, over TLS with the CA and the header."""
     if protocol == "grpc":
         import tritonclient.grpc as module
@@ -47,8 +47,8 @@ def test_our_transport_and_tritonclient_get_the_same_answers_through_tls(secure,
         assert ours.connect().interface is KVCACHE
         first = 100 * PROTOCOLS.index(protocol) + (10 if host == "localhost" else 0)  # keys of its own
         for seed in range(first, first + 3):  # batch 8, long histories: many buffers, each through TLS
-            request = _request(seed, batch=8, history=240)
-            theirs = _tritonclient_logits(secure, protocol, _rekeyed(request, 50_000))
+            request = sample_request(seed, batch=8, history=240)
+            theirs = tls_tritonclient_logits(secure, protocol, rekeyed(request, 50_000))
             response = ours.infer(request)
             assert response.logits.shape == (request.num_logits, 8)
             np.testing.assert_array_equal(response.logits, theirs)
@@ -99,7 +99,7 @@ def test_inference_without_the_right_header_is_the_servers_refusal_before_any_lo
 
         client.binding = ModelBinding(KVCACHE, reports_hits=True)
         with pytest.raises(AccessDenied, match="restricted"):
-            client.infer(_request(seed=30))
+            client.infer(sample_request(seed=30))
     finally:
         client.close()
 
@@ -111,7 +111,7 @@ def test_header_names_are_sent_in_lower_case(secure, protocol):
     client = _client(secure, protocol, headers=upper)
     try:
         client.connect()
-        assert client.infer(_request(seed=40)).logits.shape[1] == 8
+        assert client.infer(sample_request(seed=40)).logits.shape[1] == 8
     finally:
         client.close()
 
@@ -121,7 +121,7 @@ def test_tritons_own_http_port_requires_the_header_too(secure):
 
     client = tritonclient.http.InferenceServerClient(secure.handle.http_url)
     try:
-        request = _request(seed=50)
+        request = sample_request(seed=50)
         inputs = []
         for name, array in request.inputs(KVCACHE).items():
             item = tritonclient.http.InferInput(name, list(array.shape), "INT64")

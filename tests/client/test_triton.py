@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hstu_replay.client.triton import ClientOptions, TritonClient, _output
+from hstu_replay.client.triton import ClientOptions, TritonClient, checked_output
 from hstu_replay.errors import ServerError, ServerUnavailable
 from hstu_replay.interface import INTERFACES, KVCACHE, Limits
 from hstu_replay.request import UserRequest, build_request
@@ -14,7 +14,7 @@ from hstu_replay.request import UserRequest, build_request
 
 def test_an_answer_of_the_implied_shape_passes():
     logits = np.zeros((12, 8), np.float32)
-    assert _output({"OUTPUT__0": logits}, "OUTPUT__0", (12, 8)) is logits
+    assert checked_output({"OUTPUT__0": logits}, "OUTPUT__0", (12, 8)) is logits
 
 
 @pytest.mark.parametrize("outputs, message", [
@@ -24,7 +24,7 @@ def test_an_answer_of_the_implied_shape_passes():
 ])
 def test_a_missing_or_misshapen_output_is_a_server_error(outputs, message):
     with pytest.raises(ServerError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        _output(outputs, "OUTPUT__0", (12, 8))
+        checked_output(outputs, "OUTPUT__0", (12, 8))
 
 
 def test_only_the_kvcache_model_is_treated_as_cached():
@@ -40,7 +40,7 @@ def test_nothing_listening_is_unavailable_not_a_failed_request(protocol):
     client.binding = _binding()
     try:
         with pytest.raises(ServerUnavailable):
-            client.infer(_request(seed=1))
+            client.infer(sample_request(seed=1))
     finally:
         client.close()
 
@@ -51,7 +51,7 @@ def _binding():
     return ModelBinding(KVCACHE, reports_hits=False)
 
 
-def _request(seed: int, batch: int = 3, history: int = 40):
+def sample_request(seed: int, batch: int = 3, history: int = 40):
     rng = np.random.default_rng(seed)
     users = [UserRequest(100 + seed * 10 + b, tuple(int(x) for x in rng.integers(1, 5, 5)),
                          rng.integers(1, 3000, history + b), rng.integers(0, 256, history + b),
@@ -59,7 +59,7 @@ def _request(seed: int, batch: int = 3, history: int = 40):
     return build_request(users, Limits(max_history=256))
 
 
-def _tritonclient_logits(module, url: str, request, headers: dict | None = None, **client_options) -> np.ndarray:
+def tritonclient_logits(module, url: str, request, headers: dict | None = None, **client_options) -> np.ndarray:
     """The same request through NVIDIA's tritonclient (the independent implementation)."""
     client = module.InferenceServerClient(url, **client_options)
     try:
@@ -87,9 +87,9 @@ def test_our_transport_and_tritonclient_get_the_same_answer(triton_server, proto
         binding = ours.connect()
         assert binding.interface is KVCACHE
         for seed in range(3):  # fresh keys each time: no cache state shared between the two clients
-            request = _request(seed)
-            theirs = _tritonclient_logits(tritonclient.grpc if protocol == "grpc" else tritonclient.http, url,
-                                          _rekeyed(request, 10_000))
+            request = sample_request(seed)
+            theirs = tritonclient_logits(tritonclient.grpc if protocol == "grpc" else tritonclient.http, url,
+                                          rekeyed(request, 10_000))
             response = ours.infer(request)
             assert response.logits.shape == (request.num_logits, 8)
             np.testing.assert_array_equal(response.logits, theirs)
@@ -98,7 +98,7 @@ def test_our_transport_and_tritonclient_get_the_same_answer(triton_server, proto
         ours.close()
 
 
-def _rekeyed(request, offset: int):
+def rekeyed(request, offset: int):
     from dataclasses import replace
 
     return replace(request, user_ids=request.user_ids + offset)

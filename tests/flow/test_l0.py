@@ -21,11 +21,10 @@ import pytest
 from hstu_replay.cli import main
 from hstu_replay.dumps.archive import read_tensor_file
 from hstu_replay.dumps.reader import read_dump
-from hstu_replay.flow.l0 import MARKER, _hit_warnings
-from hstu_replay.flow.server import port_free
+from hstu_replay.flow.l0 import MARKER, hit_warnings
 import hstu_replay.native.replay as native
-from hstu_replay.server.serve import free_ports
-from hstu_replay.server.watchdog import _stat
+from hstu_replay.process import free_ports, port_free
+from hstu_replay.server.watchdog import proc_stat
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOW = [sys.executable, "-m", "hstu_replay.cli", "flow", "l0"]
@@ -44,7 +43,7 @@ def assert_torn_down(summary: dict, ports: list[int]) -> None:
     """The server's processes are gone and its ports free, as seen from here."""
     pids = summary["teardown"]["processes"]
     assert summary["server"]["pid"] in pids and len(pids) >= 3  # serve, tritonserver, watchdog at least
-    assert [pid for pid in pids if _stat(pid) is not None] == []  # (a reused pid would show here too)
+    assert [pid for pid in pids if proc_stat(pid) is not None] == []  # (a reused pid would show here too)
     assert [port for port in ports if not port_free(port)] == []
     assert summary["teardown"]["clean"] is True and summary["teardown"]["left"] == []
 
@@ -180,7 +179,7 @@ def test_a_server_that_cannot_start_fails_at_once_with_its_own_error(tmp_path, c
     assert expected in (out / "logs" / "server.log").read_text()
     own = ports[1:] if fault == "port taken" else ports
     assert summary["teardown"]["ports"] == own
-    assert [pid for pid in summary["teardown"]["processes"] if _stat(pid) is not None] == []
+    assert [pid for pid in summary["teardown"]["processes"] if proc_stat(pid) is not None] == []
     assert [port for port in ports if not port_free(port)] == []
 
 
@@ -209,7 +208,7 @@ def test_ctrl_c_tears_the_server_down(tmp_path, compiled_repository, moment):
     if moment == "serve":
         assert "ready_seconds" not in summary["server"]
     pids = summary["teardown"]["processes"]
-    assert summary["server"]["pid"] in pids and [pid for pid in pids if _stat(pid) is not None] == []
+    assert summary["server"]["pid"] in pids and [pid for pid in pids if proc_stat(pid) is not None] == []
     ports = list(summary["server"]["ports"].values())
     assert [port for port in ports if not port_free(port)] == [] and summary["teardown"]["clean"] is True
 
@@ -242,8 +241,8 @@ def test_a_foreign_non_empty_out_is_refused_and_left_untouched(tmp_path):
 
 def test_hits_other_than_the_passes_are_named_for_are_flagged():
     passes = [{"phase": "cold", "hit_ratio": 0.0}, {"phase": "cached", "hit_ratio": 1.0}]
-    assert _hit_warnings(passes) == []
-    assert _hit_warnings([{"phase": "cold", "hit_ratio": 0.25}, {"phase": "cached", "hit_ratio": 0.8125}]) == [
+    assert hit_warnings(passes) == []
+    assert hit_warnings([{"phase": "cold", "hit_ratio": 0.25}, {"phase": "cached", "hit_ratio": 0.8125}]) == [
         "pass cold: the server reports hit ratio 0.250, not 0",
         "pass cached: the server reports hit ratio 0.812, not 1"]
-    assert _hit_warnings([{"phase": "cold", "hit_ratio": None}, {"phase": "cached", "hit_ratio": None}]) == []
+    assert hit_warnings([{"phase": "cold", "hit_ratio": None}, {"phase": "cached", "hit_ratio": None}]) == []

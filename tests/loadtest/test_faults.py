@@ -8,15 +8,16 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, assert_nothing_left, free_ports, locust_command, start_server, stop_server
+from hstu_replay.process import Ports
+from tests.conftest import ROOT, assert_nothing_left, locust_command, start_server, stop_server
 
 pytestmark = pytest.mark.integration
 
 
 def test_server_killed_and_restarted_mid_run(compiled_repository, sample_store, tmp_path):
-    ports = tuple(free_ports(4))
+    ports = Ports.free()
     server = start_server(compiled_repository, tmp_path / "server1.log", ports=ports)
-    grpc_url = f"127.0.0.1:{ports[1]}"
+    grpc_url = server.grpc_url
     report_dir = tmp_path / "report"
     run = subprocess.Popen(
         locust_command("--headless", "--only-summary", "--loglevel", "WARNING", "-u", "2", "-r", "2",
@@ -29,7 +30,7 @@ def test_server_killed_and_restarted_mid_run(compiled_repository, sample_store, 
     try:
         time.sleep(7)
         # tritonserver itself dies (no clean shutdown: the cache is gone); `server serve` notices and exits
-        subprocess.run(["pkill", "-9", "-f", f"tritonserver .*--grpc-port {ports[1]} "], check=True)
+        subprocess.run(["pkill", "-9", "-f", f"tritonserver .*--grpc-port {ports.grpc} "], check=True)
         assert server.process.wait(60) != 0
         assert "tritonserver exited unexpectedly" in (tmp_path / "server1.log").read_text()
         assert_nothing_left(server)  # its Python-backend stubs went with it
@@ -82,7 +83,7 @@ def test_a_slow_server_counts_timeouts_without_pile_up(compiled_repository, refe
     finally:
         server.process.kill()
         server.process.wait(30)
-        subprocess.run(["pkill", "-9", "-f", f"tritonserver .*--grpc-port {server.grpc_port} "], check=False)
+        subprocess.run(["pkill", "-9", "-f", f"tritonserver .*--grpc-port {server.ports.grpc} "], check=False)
     (b,) = result.report["bins"]
     assert b["failures"] > 0
     assert any("deadline" in reason.lower() for reason in result.report["errors"]), result.report["errors"]

@@ -17,7 +17,7 @@ from hstu_replay.loadtest.records import read_records
 from tests.conftest import ROOT, free_ports, locust_command
 from tests.loadtest.test_webaccess import interrupt
 from tests.conftest import wait_until
-from tests.loadtest.test_webui import _get, _post
+from tests.loadtest.test_webui import get_json, post_form
 
 pytestmark = pytest.mark.integration
 
@@ -68,8 +68,8 @@ def test_ctrl_c_ends_the_web_ui_during_a_run_from_the_form(triton_server, refere
     process = launch(tmp_path / "locust.log", "--web-port", str(port), "--report-dir", str(report),
                      *sweep(triton_server, reference_dumps))
     try:
-        wait_until(lambda: _get(f"{base}/stats/requests")["state"] == "ready", 60, "the web UI")
-        assert _post(f"{base}/swarm", {"user_count": 2, "spawn_rate": 2, "host": f"grpc://{triton_server.grpc_url}"})["success"]
+        wait_until(lambda: get_json(f"{base}/stats/requests")["state"] == "ready", 60, "the web UI")
+        assert post_form(f"{base}/swarm", {"user_count": 2, "spawn_rate": 2, "host": f"grpc://{triton_server.grpc_url}"})["success"]
         wait_until(lambda: measuring(report), 90, "measured requests")
     finally:
         took = interrupt(process)

@@ -19,12 +19,12 @@ from tests.conftest import ROOT, free_ports, locust_command, wait_until
 pytestmark = pytest.mark.integration
 
 
-def _get(url: str) -> dict:
+def get_json(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=5) as response:
         return json.loads(response.read())
 
 
-def _post(url: str, form: dict) -> dict:
+def post_form(url: str, form: dict) -> dict:
     data = urllib.parse.urlencode(form).encode()
     with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=10) as response:
         return json.loads(response.read())
@@ -42,19 +42,19 @@ def test_a_rerun_from_the_web_ui_starts_clean(triton_server, reference_dumps, tm
                        "--web-paths-root", str(tmp_path)),  # the form may set paths below it
         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
-        wait_until(lambda: _get(f"{base}/stats/requests")["state"] == "ready", 60, "the web UI")
+        wait_until(lambda: get_json(f"{base}/stats/requests")["state"] == "ready", 60, "the web UI")
         outside = tmp_path.parent / f"{tmp_path.name}-outside"
-        reply = _post(f"{base}/swarm", {"user_count": 2, "spawn_rate": 2, "report_dir": str(outside)})
+        reply = post_form(f"{base}/swarm", {"user_count": 2, "spawn_rate": 2, "report_dir": str(outside)})
         assert not reply["success"] and "outside --web-paths-root" in reply["message"], reply
         time.sleep(1)
-        assert _get(f"{base}/stats/requests")["state"] == "ready" and not outside.exists()  # no load started
+        assert get_json(f"{base}/stats/requests")["state"] == "ready" and not outside.exists()  # no load started
         for run in ("first", "second"):
-            reply = _post(f"{base}/swarm", {"user_count": 2, "spawn_rate": 2, "report_dir": str(tmp_path / run)})
+            reply = post_form(f"{base}/swarm", {"user_count": 2, "spawn_rate": 2, "report_dir": str(tmp_path / run)})
             assert reply["success"], reply
-            wait_until(lambda: _get(f"{base}/stats/requests")["state"] == "running", 30, f"the {run} run to start")
-            wait_until(lambda: _get(f"{base}/stats/requests")["state"] == "stopped", 60, f"the {run} run to end")
+            wait_until(lambda: get_json(f"{base}/stats/requests")["state"] == "running", 30, f"the {run} run to start")
+            wait_until(lambda: get_json(f"{base}/stats/requests")["state"] == "stopped", 60, f"the {run} run to end")
             wait_until(lambda: (tmp_path / run / "report.json").is_file(), 10, f"the {run} report")
-        stats = _get(f"{base}/stats/requests")
+        stats = get_json(f"{base}/stats/requests")
         tab = stats["extended_stats"][0]["data"]
         assert [row["bin"] for row in tab] == ["b1_h0.00", "b1_h1.00"]
     finally:

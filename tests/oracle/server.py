@@ -262,9 +262,9 @@ class Oracle:
 
 
 def serve(args: argparse.Namespace) -> None:
-    from hstu_replay.server.serve import PROTECTED_ENDPOINTS, _python_backend_env
+    from hstu_replay.server.serve import PROTECTED_ENDPOINTS, python_backend_env
 
-    _python_backend_env()
+    python_backend_env()
     from pytriton.model_config import ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 

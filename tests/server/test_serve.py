@@ -99,7 +99,7 @@ def test_unsafe_requests_are_refused(client, users, message):
 def test_control_model_and_prometheus_counters(triton_server, client):
     infer(client, KVCACHE.model_name, [user(21, 30, key=930_001)])
     infer(client, KVCACHE.model_name, [user(21, 30, key=930_001)])
-    text = urllib.request.urlopen(f"http://127.0.0.1:{triton_server.cache_metrics_port}/metrics").read().decode()
+    text = urllib.request.urlopen(f"http://127.0.0.1:{triton_server.ports.cache_metrics}/metrics").read().decode()
     values = dict(line.split() for line in text.splitlines() if line and not line.startswith("#"))
     assert int(values["hstu_kvcache_hit_tokens_total"]) >= 66
     clear = grpcclient.InferInput("CLEAR", [1], "INT64")
@@ -108,7 +108,7 @@ def test_control_model_and_prometheus_counters(triton_server, client):
     assert result.as_numpy("RESIDENT_TOKENS").tolist() == [0]
     _, hits = infer(client, KVCACHE.model_name, [user(21, 30, key=930_001)])
     assert hits.tolist() == [0]  # the cache was emptied without a restart
-    triton_metrics = urllib.request.urlopen(f"http://127.0.0.1:{triton_server.metrics_port}/metrics").read().decode()
+    triton_metrics = urllib.request.urlopen(f"http://127.0.0.1:{triton_server.ports.metrics}/metrics").read().decode()
     assert "nv_inference_request_success" in triton_metrics
 
 
@@ -131,7 +131,7 @@ def test_eviction_under_a_small_budget(compiled_repository, tmp_path):
 def test_a_taken_port_is_one_clear_line(triton_server, compiled_repository):
     proc = subprocess.run(
         [str(BIN / "hstu-replay"), "server", "serve", "--repository", str(compiled_repository),
-         "--grpc-port", str(triton_server.grpc_port), "--http-port", "0", "--metrics-port", "0",
+         "--grpc-port", str(triton_server.ports.grpc), "--http-port", "0", "--metrics-port", "0",
          "--cache-metrics-port", "0"],
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )
@@ -140,11 +140,19 @@ def test_a_taken_port_is_one_clear_line(triton_server, compiled_repository):
     assert "is taken" in proc.stderr
 
 
+def _program(pid: int) -> str | None:
+    """The program a process runs; None once it is gone (the family also holds short-lived helpers
+    seen while the server started)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return None
+
+
 def test_a_killed_serve_takes_its_tritonserver_and_stubs_with_it(compiled_repository, tmp_path):
     # A SIGKILLed `server serve` used to orphan its tritonserver, which kept the ports.
     server = start_server(compiled_repository, tmp_path / "killed.log")
-    names = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-             for pid in server.family]
+    names = [name for pid in server.family if (name := _program(pid)) is not None]
     assert any(n.endswith("tritonserver") for n in names), names
     assert any("python_backend_stub" in n for n in names), names
     server.process.kill()

@@ -21,7 +21,7 @@ def test_the_batched_engine_answers_the_compiled_packages_dumps(reference_dumps,
             "--dump-dir", str(reference_dumps), "--hit-ratios", "0,0.5,1.0", "--batch-sizes", "8",
             "--stage-seconds", "3", "--warmup-seconds", "1", "--max-history", "256", "--max-mismatches", "0",
         )
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{server.cache_metrics_port}/metrics").read().decode()
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{server.ports.cache_metrics}/metrics").read().decode()
     finally:
         code = stop_server(server)
     assert code == 0, (tmp_path / "batched.log").read_text(errors="replace")[-2000:]

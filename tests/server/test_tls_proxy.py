@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from hstu_replay.server.serve import free_ports
+from hstu_replay.process import free_ports
 from hstu_replay.server.tls_proxy import TlsFiles, TlsForwarder
 from tests.certs import make_certs
 

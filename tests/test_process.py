@@ -1,0 +1,121 @@
+"""A server child's lifecycle: which line of its log says why it failed (logs as tritonserver and `server
+serve` write them), start, readiness, stop and teardown against a stand-in server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from hstu_replay.cli import main
+from hstu_replay.process import SERVED_MODELS, Ports, ServerProcess, StartFailed, port_free, server_error_line
+
+TRITON_BIND_FAILURE = """\
+E1130 19:16:04.052576 23340 server.cc:241] "CudaDriverHelper has not been initialized."
+W1130 19:16:08.100000 23340 pinned_memory_manager.cc:273] "Unable to allocate pinned system memory"
+I1130 19:16:08.200000 23340 server.cc:674] "Waiting for in-flight requests to complete."
+E1130 19:16:08.300000 23340 main.cc:255] "failed to start GRPC service: Unavailable - Socket '127.0.0.1:8001' already in use"
+E1130 19:16:08.310000 23340 model_repository_manager.cc:470] "Failed to set config modification time: model_config_content_name_ is empty"
+Traceback (most recent call last):
+pytriton.exceptions.PyTritonError: Triton Inference Server exited with failure
+hstu-replay: error: tritonserver exited unexpectedly; see its log above
+"""
+
+
+def test_tritonservers_own_error_comes_before_the_wrappers():
+    assert server_error_line(TRITON_BIND_FAILURE) == (
+        "E1130 19:16:08.300000 23340 main.cc:255] \"failed to start GRPC service: Unavailable - "
+        "Socket '127.0.0.1:8001' already in use\"")
+
+
+def test_our_one_line_error_when_tritonserver_said_nothing():
+    log = ("hstu-replay: model threads 1\n"
+           'E1130 19:16:04.052576 23340 server.cc:241] "CudaDriverHelper has not been initialized."\n'
+           "hstu-replay: error: http port 5 on 127.0.0.1 is taken (Address already in use); choose another\n")
+    assert server_error_line(log) == "hstu-replay: error: http port 5 on 127.0.0.1 is taken (Address already in use); choose another"
+
+
+def test_the_last_line_of_a_traceback_then_the_last_line():
+    traceback = 'Traceback (most recent call last):\n  File "x.py", line 1\nRuntimeError: no libtorch_cuda.so\n\n'
+    assert server_error_line(traceback) == "RuntimeError: no libtorch_cuda.so"
+    assert server_error_line("starting\nKilled\n") == "Killed"
+    assert server_error_line("") == "no output"
+
+
+# -- ServerProcess and `server wait` against a stand-in server (a child answering Triton's ready URL) --
+
+STAND_IN = """
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class Ready(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/v2/models/m/ready" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+print("stand-in: serving", flush=True)
+HTTPServer(("127.0.0.1", int(sys.argv[1])), Ready).serve_forever()
+"""
+
+
+def test_a_server_is_started_waited_for_and_stopped_with_nothing_left(tmp_path):
+    ports = Ports.free(cache_metrics=False)
+    server = ServerProcess([sys.executable, "-c", STAND_IN, str(ports.http)], tmp_path / "log", ports, ("m",),
+                           ready_timeout_s=30)
+    with server:
+        assert not port_free(ports.http) and server.failure() is None
+        assert server.grpc_url == f"127.0.0.1:{ports.grpc}"
+    teardown = server.stop()  # again: the same answer
+    assert teardown.exit_code == -15 and teardown.clean and not teardown.forced
+    assert port_free(ports.http) and server.process.pid in server.family
+
+
+def test_a_server_that_dies_while_starting_is_named_by_its_own_error_line(tmp_path):
+    ports = Ports.free(cache_metrics=False)
+    command = [sys.executable, "-c", "import sys; print('hstu-replay: error: --config x: unknown'); sys.exit(2)"]
+    server = ServerProcess(command, tmp_path / "log", ports, ready_timeout_s=30)
+    with pytest.raises(StartFailed, match=r"exited \(exit 2\) while starting: hstu-replay: error: --config x"):
+        server.launch()
+    assert server.stop().exit_code == 2
+
+
+def test_not_ready_in_time_is_a_start_failure_and_the_server_is_stopped(tmp_path):
+    ports = Ports.free(cache_metrics=False)
+    server = ServerProcess([sys.executable, "-c", "import time; print('loading', flush=True); time.sleep(60)"],
+                           tmp_path / "log", ports, ready_timeout_s=0.5)
+    with pytest.raises(StartFailed, match=f"models {', '.join(SERVED_MODELS)} not ready after 0.5 s; last log line: loading"):
+        server.launch()
+    assert server.process.poll() is not None
+
+
+def test_server_wait_for_a_server_a_script_started(tmp_path, capsys):
+    class Ready(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            ready = [f"/v2/models/{model}/ready" for model in SERVED_MODELS]
+            self.send_response(200 if self.path in ready else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    http = HTTPServer(("127.0.0.1", 0), Ready)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    try:
+        log = tmp_path / "server.log"
+        log.write_text("")
+        args = ["server", "wait", "--http-port", str(http.server_port), "--log", str(log), "--timeout", "10"]
+        assert main([*args, "--pid", str(os.getpid())]) == 0
+        assert "ready on http port" in capsys.readouterr().out
+        gone = subprocess.Popen([sys.executable, "-c", "print('E1130 12:00:00.1 1 main.cc:1] bind failed')"],
+                                stdout=log.open("w"))
+        gone.wait()
+        free = Ports.free(cache_metrics=False).http
+        assert main(["server", "wait", "--http-port", str(free), "--log", str(log), "--pid", str(gone.pid)]) == 2
+        err = capsys.readouterr().err
+        assert f"process {gone.pid} is gone" in err and "main.cc:1] bind failed" in err
+    finally:
+        http.shutdown()
