@@ -46,8 +46,9 @@ import numpy as np
 
 from hstu_replay.client.triton import ModelBinding
 from hstu_replay.interface import KVCACHE
-from hstu_replay.loadtest.options import LoadTestConfig
+from hstu_replay.loadtest.config import LoadTestConfig
 from hstu_replay.loadtest.prepare import Placement, PreparedRun
+from hstu_replay.loadtest.roles import LocalRole, MasterRole, WorkerRole
 from hstu_replay.loadtest.runtime import ActiveRun, LoadTestRuntime
 from hstu_replay.loadtest.schedule import Schedule
 from hstu_replay.plan.cache_model import CacheModel
@@ -204,16 +205,19 @@ class AccountingRun:
 
 def config_for(report_dir: Path) -> LoadTestConfig:
     """Options of a dump replay sweep at batch 8 (the dump directory is never opened)."""
-    return LoadTestConfig(
+    import argparse
+
+    return LoadTestConfig.from_options(argparse.Namespace(
         workload="dumps", dump_dir="(synthetic)", batch_sizes=str(BATCH), hit_ratios="0,0.5,0.9,1.0",
         arrival="poisson", request_rate=1000.0, report_dir=str(report_dir), max_p99_ms="250",
-    ).validate()
+    ))
 
 
 def prepared_run(config: LoadTestConfig, placement: Placement) -> PreparedRun:
     """What `loadtest.prepare` hands a process, for a KV-cache model that reports its hits; no
     workload: the steps are synthetic."""
-    schedule = Schedule(config.batches, config.ratios, config.warmup_seconds, config.stage_seconds)
+    sweep = config.sweep
+    schedule = Schedule(sweep.batches, sweep.ratios, sweep.warmup_seconds, sweep.stage_seconds)
     return PreparedRun(config, placement, ModelBinding(KVCACHE, reports_hits=True), schedule, None)
 
 
@@ -248,7 +252,7 @@ def buckets(stats: RunStats) -> int:
 
 def accounting_run(config: LoadTestConfig, master: ActiveRun, requests: int, workers: int, report_every: int,
                    users: int, progress) -> AccountingRun:
-    runs = [ActiveRun(prepared_run(config, Placement("worker", w, workers))) for w in range(workers)]
+    runs = [ActiveRun(prepared_run(config, Placement(WorkerRole(), w, workers))) for w in range(workers)]
     stages = master.prepared.schedule.stages
     shapes = {s.key: step_shapes(s.key.goal_ratio, SHAPES, seed=10 + s.index) for s in stages}
     keys = [FreshKeys(start=(w + 1) << 40) for w in range(workers)]
@@ -319,7 +323,7 @@ def final_report_s(master_runtime: LoadTestRuntime) -> float:
     environment = Environment()
     environment.hstu = master_runtime
     start = time.perf_counter()
-    write_final_report(environment, final=True)
+    write_final_report(environment)
     return time.perf_counter() - start
 
 
@@ -329,9 +333,9 @@ def cost_breakdown(config: LoadTestConfig, n: int) -> list[tuple[str, float]]:
     stage, zeros = BinKey(BATCH, 0.0), (0,) * BATCH
     outcome = Outcome(0.012, cached_tokens=np.zeros(BATCH, dtype=np.int64), verdict=OK_VERDICT, lag_s=0.0004)
     model = CacheModel(None, 32)
-    stats_only = ActiveRun(prepared_run(config, Placement("local")))
+    stats_only = ActiveRun(prepared_run(config, Placement(LocalRole())))
     stats_only.accountant.records = None
-    with_records = ActiveRun(prepared_run(config, Placement("local")))
+    with_records = ActiveRun(prepared_run(config, Placement(LocalRole())))
 
     def predict_and_retire(request: RequestTensors) -> None:
         model.predict(request)
@@ -359,8 +363,9 @@ def cost_breakdown(config: LoadTestConfig, n: int) -> list[tuple[str, float]]:
 
 def accounting_and_report(args, requests: int, out: Path) -> None:
     config = config_for(out)
-    master_runtime = LoadTestRuntime(config, "master", worker_count=args.workers)
-    master = master_runtime.begin(prepared_run(config, Placement("master", 0, args.workers)))
+    master_runtime = LoadTestRuntime(config, MasterRole())
+    master_runtime.role.worker_count = args.workers
+    master = master_runtime.begin(prepared_run(config, master_runtime.placement))
     print(f"\n## Accounting run: {requests:,} requests, {args.workers} workers, stages "
           f"{', '.join(s.key.name() for s in master.prepared.schedule.stages)}\n", flush=True)
 
