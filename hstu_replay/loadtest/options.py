@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hstu_replay import arguments
 from hstu_replay.errors import ConfigError
 from hstu_replay.loadtest.address import DEFAULT_ADDRESS
 
@@ -68,6 +69,8 @@ OPTIONS: tuple[Option, ...] = (
            "(up to the batch size; 0: one visit per request)", NATURAL),
     Option("timeline_shard", "--timeline-shard", "", "Timeline: replay only shard i of n of the users "
            "('i/n': store index modulo n), as one of n servers would see them", NATURAL),
+    *(Option(o.name, o.flag, o.default, "Timeline: " + o.help, NATURAL) for o in (arguments.OVER_LIMIT,
+                                                                                arguments.REBASE_KEEP)),
     Option("stage_seconds", "--stage-seconds", 10.0, "Measured seconds per stage"),
     Option("stage_requests", "--stage-requests", 0, "End a stage after this many measured requests (0: on "
            "--stage-seconds only, which stays the upper bound; one process only)"),
