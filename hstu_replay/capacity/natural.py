@@ -71,8 +71,8 @@ def curves(plan: NaturalPlan) -> dict[int, object]:
     out = {}
     for n in range(1, plan.max_servers + 1):
         share = shard_trace(trace, 0, n)
-        out[n] = cache_curve(share.cache_keys, share.tokens, group_requests(share, plan.time_slice_ms, plan.batch_size),
-                             plan.page_tokens)
+        out[n] = cache_curve(share.cache_keys, share.tokens,
+                             group_requests(share, plan.time_slice_ms, plan.batch_size), plan.page_tokens)
     return out
 
 
