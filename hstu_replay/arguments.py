@@ -126,6 +126,12 @@ SMALL_MAX_HISTORY = MAX_HISTORY.but(help="longest history in items (default %(de
 MODEL_MAX_HISTORY = MAX_HISTORY.but(help="longest history in items (default: the model's maximum)", default=None)
 MAX_VALUES = Option("--max-values", "largest len(values) the model takes", 40_000, int)
 REPLAY_SEED = Option("--replay-seed", "seed of the user order", 0, int, dest="seed")
+#: natural replay: a visit whose history is past the limit (plan.over_limit)
+OVER_LIMIT = Option("--over-limit", "natural replay, a visit whose history is past the limit: skip (not sent, as "
+                    "NVIDIA's KV-cache replay does), oldest (the first items again: a frozen visit) or rebase "
+                    "(the latest items on a fresh cache key)", "skip")
+REBASE_KEEP = Option("--rebase-keep", "--over-limit rebase: the fraction of the limit a rebased history keeps "
+                     "(the latest items), in (0, 1]", 0.5, float)
 
 # the requests
 HIT_RATIOS = Option("--hit-ratios", "target KV-cache hit ratios, one stage (or search) each", "0,0.5,1.0")

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 from hstu_replay.arguments import (
-    BATCH_SIZE, BUDGETS, CANDIDATES, DUMP_DIR, HIT_RATIOS, MAX_HISTORY, PAGE_TOKENS, REPOSITORY, REQUEST_RATE,
-    SLO_ERROR_RATIO, SLO_P99_MS, SMALL_MAX_HISTORY, STORE, TIME_SLICE_MS, TRITON_MODEL, TRITON_PROTOCOL, TRITON_URL,
-    VISITS_PER_REQUEST, WARMUP_SECONDS, WORKLOAD, Option, number, numbers,
+    BATCH_SIZE, BUDGETS, CANDIDATES, DUMP_DIR, HIT_RATIOS, MAX_HISTORY, OVER_LIMIT, PAGE_TOKENS, REBASE_KEEP,
+    REPOSITORY, REQUEST_RATE, SLO_ERROR_RATIO, SLO_P99_MS, SMALL_MAX_HISTORY, STORE, TIME_SLICE_MS, TRITON_MODEL,
+    TRITON_PROTOCOL, TRITON_URL, VISITS_PER_REQUEST, WARMUP_SECONDS, WORKLOAD, Option, number, numbers,
 )
 from hstu_replay.errors import ConfigError
 from hstu_replay.plan.workloads import WORKLOADS, one_of
@@ -93,6 +93,8 @@ def add_commands(groups) -> None:
     WARMUP_SECONDS.add_to(natural, default=5, help="warm-up seconds before each window", text=True)
     CANDIDATES.add_to(natural, help="candidates per visit, at most", text=True)
     SMALL_MAX_HISTORY.add_to(natural, text=True)  # the built-in target serves the small model
+    OVER_LIMIT.add_to(natural)
+    REBASE_KEEP.add_to(natural, text=True)
     PAGE_TOKENS.add_to(natural, text=True)
     Option("--serve-args", 'more `server serve` arguments, e.g. --serve-args="--threads 1"', "").add_to(natural)
     Option("--out", "output directory", "runs/capacity-natural").add_to(natural)
@@ -133,6 +135,7 @@ def plan_from_args(args: argparse.Namespace):
     from hstu_replay.capacity.driver import LOAD_KINDS, CapacityPlan
     from hstu_replay.capacity.metrics import metrics_url
     from hstu_replay.capacity.search import Slo
+    from hstu_replay.plan.over_limit import HistoryPolicy
 
     ratios = numbers("--hit-ratios", args.hit_ratios, 0.0)
     if any(r > 1.0 for r in ratios):
@@ -212,6 +215,7 @@ def _run(args: argparse.Namespace) -> int:
 def _natural(args: argparse.Namespace) -> int:
     from hstu_replay.capacity.natural import NaturalPlan, plan_capacity, write_result
     from hstu_replay.capacity.search import Slo
+    from hstu_replay.plan.over_limit import HistoryPolicy
 
     for flag in ("store", "repository", "slo_p99_ms", "request_rate"):
         if getattr(args, flag) is None:
@@ -239,7 +243,8 @@ def _natural(args: argparse.Namespace) -> int:
         warmup_seconds=number("--warmup-seconds", args.warmup_seconds, 0),
         candidates=number("--candidates", args.candidates, 1, integral=True),
         max_history=number("--max-history", args.max_history, 1, integral=True),
-        page_tokens=number("--page-tokens", args.page_tokens, 1, integral=True), serve_args=serve_args)
+        page_tokens=number("--page-tokens", args.page_tokens, 1, integral=True), serve_args=serve_args,
+        policy=HistoryPolicy.of(args.over_limit, number("--rebase-keep", args.rebase_keep, 0, 1, above=True)))
     from hstu_replay.data.store import SequenceStore
     from hstu_replay.errors import HstuReplayError
 

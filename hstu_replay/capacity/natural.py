@@ -27,6 +27,7 @@ from hstu_replay.capacity.search import Measurement, Slo, judge
 from hstu_replay.errors import ConfigError, ServerError
 from hstu_replay.interface import Limits
 from hstu_replay.loadtest.command import headless_command
+from hstu_replay.plan.over_limit import HistoryPolicy, accounts_line
 from hstu_replay.process import ServerProcess, StartFailed
 
 SERVER_STOP_GRACE_S = 60.0  # a step's processes get this long after SIGTERM before SIGKILL
@@ -53,6 +54,7 @@ class NaturalPlan:
     max_history: int = 256
     page_tokens: int = 32
     serve_args: tuple[str, ...] = ()  # e.g. --threads 1 --config small
+    policy: HistoryPolicy = HistoryPolicy()  # --over-limit, --rebase-keep
 
     @property
     def limits(self) -> Limits:
@@ -65,13 +67,25 @@ def curves(plan: NaturalPlan) -> dict[int, object]:
     from hstu_replay.plan.cache_curve import cache_curve
     from hstu_replay.plan.timeline import build_trace, group_requests, shard_trace
 
-    trace = build_trace(SequenceStore.open(plan.store), plan.candidates, plan.limits, plan.batch_size)
+    trace = build_trace(SequenceStore.open(plan.store), plan.candidates, plan.limits, plan.batch_size, plan.policy)
     out = {}
     for n in range(1, plan.max_servers + 1):
         share = shard_trace(trace, 0, n)
-        out[n] = cache_curve(share.users, share.tokens, group_requests(share, plan.time_slice_ms, plan.batch_size),
-                             plan.page_tokens)
+        out[n] = cache_curve(share.cache_keys, share.tokens,
+                             group_requests(share, plan.time_slice_ms, plan.batch_size), plan.page_tokens)
     return out
+
+
+def visit_kinds(plan: NaturalPlan) -> dict:
+    """Every visit of the store's natural replay by kind under the plan's --over-limit: the whole
+    log's, and one server's share (shard 0 of n) for each server count."""
+    from hstu_replay.data.store import SequenceStore
+    from hstu_replay.plan.timeline import build_trace, shard_trace
+
+    trace = build_trace(SequenceStore.open(plan.store), plan.candidates, plan.limits, plan.batch_size, plan.policy)
+    return {"log": trace.accounts().to_dict(plan.policy),
+            "servers": {n: shard_trace(trace, 0, n).accounts().to_dict(plan.policy)
+                        for n in range(1, plan.max_servers + 1)}}
 
 
 def pick_budgets(curve, ratios: tuple[float, ...]) -> list[int]:
@@ -93,15 +107,15 @@ def window_ratio(plan: NaturalPlan, computed: dict, budget: int, servers: int, r
     report = json.loads(path.read_text())
     warm = int(report.get("warmup_requests") or 0)
     sent = warm + sum(int(b["requests"]) + int(b.get("errors") or 0) for b in report.get("bins") or [])
-    share = shard_trace(build_trace(SequenceStore.open(plan.store), plan.candidates, plan.limits, plan.batch_size),
-                        0, servers)
+    share = shard_trace(build_trace(SequenceStore.open(plan.store), plan.candidates, plan.limits, plan.batch_size,
+                                    plan.policy), 0, servers)
     bounds = group_requests(share, plan.time_slice_ms, plan.batch_size)
     if sent <= warm or sent >= len(bounds):
         return None
 
     def first(n: int) -> tuple[int, int]:
         end = int(bounds[n])
-        curve = cache_curve(share.users[:end], share.tokens[:end], bounds[: n + 1], plan.page_tokens)
+        curve = cache_curve(share.cache_keys[:end], share.tokens[:end], bounds[: n + 1], plan.page_tokens)
         return curve.hit_tokens(budget), curve.total_tokens
 
     (hits, tokens), (warm_hits, warm_tokens) = first(sent), first(warm)
@@ -117,6 +131,7 @@ def step_command(plan: NaturalPlan, grpc_url: str, budget: int, servers: int, re
         "--warmup-seconds", f"{plan.warmup_seconds:g}", "--max-history", str(plan.max_history),
         "--candidates", str(plan.candidates), "--cache-budget-tokens", str(budget),
         "--cache-page-tokens", str(plan.page_tokens),
+        "--over-limit", plan.policy.over_limit.value, "--rebase-keep", f"{plan.policy.rebase_keep:g}",
     )
 
 
@@ -162,6 +177,8 @@ def plan_capacity(plan: NaturalPlan, run: StepRunner = run_natural_step,
                   say: Callable[[str], None] = print) -> dict:
     """Measure budgets in ascending order until one meets the SLO; the result, labelled."""
     computed = curves(plan)
+    kinds = visit_kinds(plan)
+    say(accounts_line(kinds["log"]))
     budgets = list(plan.budgets) or pick_budgets(computed[1], plan.curve_ratios)
     if not budgets:
         raise ConfigError(f"--store {plan.store}: its curve reaches none of the ratios {plan.curve_ratios}")
@@ -193,7 +210,8 @@ def plan_capacity(plan: NaturalPlan, run: StepRunner = run_natural_step,
         "slo": asdict(plan.slo), "request_rate": plan.request_rate, "store": plan.store,
         "curve": {"computed": True, "budgets_picked_from_ratios": None if plan.budgets else list(plan.curve_ratios),
                   "servers": {n: {"all_fit_tokens": c.all_fit_tokens, "max_ratio": c.max_ratio,
-                                  "requests": c.requests} for n, c in computed.items()}},
+                                  "requests": c.requests} for n, c in computed.items()},
+                  "visit_kinds": kinds},
         "steps": steps, "answer": answer,
         "labels": {"computed": "from the one-pass curve of the store's natural replay, no server involved",
                    "measured": "from a real natural-replay run: the server's own hit counters, the run's latency"},

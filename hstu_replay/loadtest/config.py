@@ -15,6 +15,7 @@ from hstu_replay.errors import ConfigError
 from hstu_replay.interface import Limits
 from hstu_replay.loadtest.address import address_url, resolve_address
 from hstu_replay.loadtest.options import SECRETS, option_values
+from hstu_replay.plan.over_limit import HistoryPolicy
 from hstu_replay.plan.workloads import WorkloadKind, natural_workloads, one_of, workload_kind
 from hstu_replay.report.flags import StageRules
 from hstu_replay.report.thresholds import Thresholds, parse_thresholds
@@ -93,6 +94,7 @@ class DataConfig:
     time_scale: float = 0.0
     time_slice_ms: int = 0
     shard: tuple[int, int] = (0, 1)  # --timeline-shard i/n; (0, 1): every user
+    policy: HistoryPolicy = HistoryPolicy()  # --over-limit, --rebase-keep
 
     def __post_init__(self):
         if not getattr(self, self.kind.data_option):
@@ -210,7 +212,8 @@ class LoadTestConfig:
                             v["stage_requests"], v["warmup_seconds"])
         kind = workload_kind(v["workload"])
         data = DataConfig(kind, v["store"], v["dump_dir"], v["candidates"], v["max_history"], v["max_values"],
-                          v["seed"], v["time_scale"], v["time_slice_ms"], _shard(v["timeline_shard"]))
+                          v["seed"], v["time_scale"], v["time_slice_ms"], _shard(v["timeline_shard"]),
+                          HistoryPolicy.of(v["over_limit"], v["rebase_keep"]))
         checks = CheckConfig(v["verify_fraction"], v["tolerance"])
         cache = CacheConfig(v["cache_budget_tokens"], v["cache_page_tokens"])
         if v["min_stage_requests"] < 1 or v["max_loop_lag_ms"] <= 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from hstu_replay.plan.over_limit import accounts_line
 from hstu_replay.report.summary import build_report, flagged_stages, format_table, latency_table
 from hstu_replay.report.thresholds import evaluate, verdict
 from hstu_replay.report.writers import write_reports
@@ -52,7 +53,7 @@ def _written(environment) -> tuple[dict, dict]:
         from hstu_replay.report.natural import natural_section, write_natural_csv
 
         records = run.rows.records()
-        report["natural"] = natural_section(records)
+        report["natural"] = natural_section(records, c.data.policy)
         write_natural_csv(records, out)
     paths = write_reports(report, out)
     run.report = report
@@ -72,6 +73,7 @@ def write_final_report(environment) -> dict:
     if natural and natural["requests"]:
         print(f"hstu-replay: natural replay: emergent hit ratio {natural['hit_ratio']:.4f} "
               f"({natural['hit_source']}) over {natural['requests']} measured requests", flush=True)
+        print(f"hstu-replay: natural replay: {accounts_line(natural['visit_kinds'])}", flush=True)
     lost = sum(s["hits_lost"] for s in report["stages"])
     if lost:
         print(f"hstu-replay: warning: {lost} requests found less cached than predicted "

@@ -89,6 +89,7 @@ OPTIONS: tuple[LoadOption, ...] = (
                                    "size; 0: one visit per request)"), NATURAL),
     LoadOption(_own("--timeline-shard", "", "Timeline: replay only shard i of n of the users ('i/n': store index "
                     "modulo n), as one of n servers would see them"), NATURAL),
+    *(LoadOption(o.but(help="Timeline: " + o.help), NATURAL) for o in (A.OVER_LIMIT, A.REBASE_KEEP)),
     LoadOption(_own("--stage-seconds", 10.0, "Measured seconds per stage")),
     LoadOption(_own("--stage-requests", 0, "End a stage after this many measured requests (0: on --stage-seconds "
                     "only, which stays the upper bound; one process only)")),

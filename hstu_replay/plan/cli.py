@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from hstu_replay.arguments import (
-    BATCH_SIZE, BUDGETS, CANDIDATES, DUMP_DIR, MAX_HISTORY, MAX_VALUES, PAGE_TOKENS, REPLAY_SEED, SMALL_MAX_HISTORY,
-    STORE, TIME_SLICE_MS, TRITON_MODEL, VISITS_PER_REQUEST, Option,
+    BATCH_SIZE, BUDGETS, CANDIDATES, DUMP_DIR, MAX_HISTORY, MAX_VALUES, OVER_LIMIT, PAGE_TOKENS, REBASE_KEEP,
+    REPLAY_SEED, SMALL_MAX_HISTORY, STORE, TIME_SLICE_MS, TRITON_MODEL, VISITS_PER_REQUEST, Option,
 )
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import INTERFACES, Limits, ModelInterface
@@ -53,6 +53,8 @@ def add_commands(groups) -> None:
     Option("--out", "write curve.json, curve.csv and curve.png here", metavar="DIR").add_to(curve)
     CANDIDATES.add_to(curve, help="candidates per visit, at most")
     MAX_HISTORY.add_to(curve)
+    OVER_LIMIT.add_to(curve)
+    REBASE_KEEP.add_to(curve)
     MAX_VALUES.add_to(curve)
     VISITS_PER_REQUEST.add_to(curve)
     TIME_SLICE_MS.add_to(curve, help="visits of one time slice share a request (default 0: one visit per request)")
@@ -121,6 +123,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _cache_curve(args: argparse.Namespace) -> int:
+    from hstu_replay.plan.over_limit import HistoryPolicy, accounts_line
     from hstu_replay.report.curve import CurveOptions, curve_json, store_curve, write_curve
 
     limits = Limits(max_history=args.max_history, max_values=args.max_values)
@@ -138,11 +141,13 @@ def _cache_curve(args: argparse.Namespace) -> int:
         raise ConfigError(f"--budgets {args.budgets!r}: budgets cannot be negative")
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
         raise ConfigError(f"--out {args.out}: exists and is not a folder")
-    options = CurveOptions(args.store, args.candidates, limits, args.batch_size, args.time_slice_ms, args.page_tokens)
+    options = CurveOptions(args.store, args.candidates, limits, args.batch_size, args.time_slice_ms, args.page_tokens,
+                           HistoryPolicy.of(args.over_limit, args.rebase_keep))
     curve, info = store_curve(options)
     summary = curve_json(curve, info, options, budgets)
     print(f"{args.store}: {info['visits']:,} visits of {info['users']:,} users in {curve.requests:,} requests, "
           f"{curve.total_tokens:,} history tokens; curve computed in {info['seconds']:.2f} s")
+    print(accounts_line(info["visit_kinds"]))
     print(f"every return hits from {curve.all_fit_tokens:,} tokens (ratio {curve.max_ratio:.4f}); "
           f"exact from {curve.exact_from_tokens:,} tokens (the largest request)")
     for b in summary["budgets"]:

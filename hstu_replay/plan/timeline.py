@@ -2,22 +2,25 @@
 
 A visit is a user's run of events up to a gap of 60 s or more (the session planner's
 definition, `visit_starts`). Replaying visit v of a user sends the user's history so far (its
-events before v, capped from the start at the longest history a full batch can carry) and asks
-to rank v's first events as candidates. A user's first visit has no history: it is not sent,
-its events are the history of the next. Requests group the visits that fall in the same time
+events before v) and asks to rank v's first events as candidates. A history longer than the
+longest a full batch can carry is handled by the `--over-limit` policy (plan.over_limit: skipped,
+the oldest items, or the latest on a fresh key). A user's first visit has no history: it is not
+sent, its events are the history of the next. Requests group the visits that fall in the same time
 slice (consecutive in time order, distinct users, at most a batch), so the hit ratio is not
 chosen: it is whatever the server's cache holds when a user comes back.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from hstu_replay.errors import HstuReplayError, PlanError
-from hstu_replay.interface import NUM_CONTEXT_TOKENS, Limits
+from hstu_replay.interface import NUM_CONTEXT_TOKENS, Limits, history_tokens
 from hstu_replay.plan.keys import KeyAllocator
+from hstu_replay.plan.over_limit import KINDS, HistoryPolicy, VisitAccounts
 from hstu_replay.plan.sessions import visit_starts
 from hstu_replay.plan.step import PlannedStep
 from hstu_replay.request import UserRequest, build_request
@@ -25,14 +28,21 @@ from hstu_replay.request import UserRequest, build_request
 
 @dataclass(frozen=True, eq=False)
 class Trace:
-    """Visits in send order (time, then user); one entry per replayed visit."""
+    """Visits in send order (time, then user); one entry per replayed visit. Visits the policy
+    skips are not replayed: only their users and times are kept, for the accounting."""
 
     users: np.ndarray  # store index of the visit's user
     times_ms: np.ndarray  # time of the visit's first event
     starts: np.ndarray  # the visit's first event, as an index into the user's own events
-    history: np.ndarray  # history items sent (events before the visit, capped)
+    first: np.ndarray  # the first history item sent, as an index into the user's own events
+    history: np.ndarray  # history items sent: user's events [first, first + history)
     candidates: np.ndarray  # candidates asked for (the visit's events, at most --candidates)
+    kind: np.ndarray  # over_limit.KINDS code: warm, cold, rebased or frozen
+    epoch: np.ndarray  # the user's key epoch: a new one is a fresh cache key (a rebase)
     history_cap: int
+    policy: HistoryPolicy = HistoryPolicy()
+    skipped_users: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # visits not replayed
+    skipped_times_ms: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def __len__(self) -> int:
         return len(self.users)
@@ -42,12 +52,30 @@ class Trace:
         """KV tokens of each visit's history (total_history_length)."""
         return NUM_CONTEXT_TOKENS + 2 * self.history.astype(np.int64)
 
+    @property
+    def cache_keys(self) -> np.ndarray:
+        """One key per user and epoch: a rebased history starts a key of its own."""
+        return (self.epoch.astype(np.int64) << 32) | self.users.astype(np.int64)
 
-def build_trace(store, candidates: int, limits: Limits, batch_size: int) -> Trace:
+    def accounts(self) -> VisitAccounts:
+        """Every visit of the trace by kind, skipped ones included."""
+        return VisitAccounts.of(self.kind, self.tokens, len(self.skipped_users), self.history_cap)
+
+    def select(self, mine: np.ndarray, skipped: np.ndarray) -> Trace:
+        """The visits where `mine` is true, and the skipped visits where `skipped` is."""
+        columns = (self.users, self.times_ms, self.starts, self.first, self.history, self.candidates, self.kind,
+                   self.epoch)
+        return Trace(*(c[mine] for c in columns), history_cap=self.history_cap, policy=self.policy,
+                     skipped_users=self.skipped_users[skipped], skipped_times_ms=self.skipped_times_ms[skipped])
+
+
+def build_trace(store, candidates: int, limits: Limits, batch_size: int,
+                policy: HistoryPolicy = HistoryPolicy()) -> Trace:
     """Every visit with some history before it, of every user of `store`, in time order.
-    Histories are capped at the longest that lets `batch_size` users fit `limits.max_values`."""
+    Histories are capped at the longest that lets `batch_size` users fit `limits.max_values`;
+    `policy` says what a visit past that cap sends."""
     cap = limits.history_cap(batch_size, candidates)
-    users, times, starts, ends = [], [], [], []
+    columns: list[list[np.ndarray]] = [[] for _ in range(8)]  # users, times, starts, ends, first, history, kind, epoch
     offsets = np.asarray(store.offsets, dtype=np.int64)
     all_times = store.times_ms
     for u in range(len(store)):
@@ -55,18 +83,21 @@ def build_trace(store, candidates: int, limits: Limits, batch_size: int) -> Trac
         s = visit_starts(t)  # first visit (starting at 0) has no history: left out
         if len(s) == 0:
             continue
-        users.append(np.full(len(s), u, dtype=np.int32))
-        times.append(t[s])
-        starts.append(s)
-        ends.append(np.append(s[1:], len(t)))
-    if not users:
-        return Trace(*(np.zeros(0, dtype=np.int64) for _ in range(5)), history_cap=cap)
-    users, times, starts, ends = (np.concatenate(a) for a in (users, times, starts, ends))
+        for column, values in zip(columns, (np.full(len(s), u, dtype=np.int64), t[s], s, np.append(s[1:], len(t)),
+                                            *policy.plan_user(s, cap))):
+            column.append(np.asarray(values, dtype=np.int64))
+    if not columns[0]:
+        empty = np.zeros(0, dtype=np.int64)
+        return Trace(*(empty for _ in range(8)), history_cap=cap, policy=policy)
+    users, times, starts, ends, first, history, kind, epoch = (np.concatenate(c) for c in columns)
     order = np.lexsort((starts, users, times))  # time, then user, then visit
-    users, times, starts, ends = users[order], times[order], starts[order], ends[order]
-    return Trace(users=users, times_ms=times.astype(np.int64), starts=starts.astype(np.int64),
-                 history=np.minimum(starts, cap).astype(np.int64),
-                 candidates=np.minimum(ends - starts, candidates).astype(np.int64), history_cap=cap)
+    users, times, starts, ends, first, history, kind, epoch = (
+        a[order] for a in (users, times, starts, ends, first, history, kind, epoch))
+    sent = kind != KINDS.index("skipped")
+    return Trace(users=users[sent], times_ms=times[sent], starts=starts[sent], first=first[sent],
+                 history=history[sent], candidates=np.minimum(ends - starts, candidates)[sent], kind=kind[sent],
+                 epoch=epoch[sent], history_cap=cap, policy=policy, skipped_users=users[~sent],
+                 skipped_times_ms=times[~sent])
 
 
 def group_requests(trace: Trace, slice_ms: int, batch_size: int) -> np.ndarray:
@@ -95,9 +126,7 @@ def shard_trace(trace: Trace, index: int, count: int, stride: int = 1) -> Trace:
     first split's count, so the second split still divides the first shard's users."""
     if count <= 1:
         return trace
-    mine = (trace.users // stride) % count == index
-    return Trace(trace.users[mine], trace.times_ms[mine], trace.starts[mine], trace.history[mine],
-                 trace.candidates[mine], trace.history_cap)
+    return trace.select((trace.users // stride) % count == index, (trace.skipped_users // stride) % count == index)
 
 
 class Timeline:
@@ -113,6 +142,13 @@ class Timeline:
         self.candidates, self.time_scale, self.request_rate = candidates, time_scale, request_rate
         self.next_request = 0
         self.keys: dict[int, int] = {}  # store user -> its cache key
+        self.epochs: dict[int, int] = {}  # store user -> the key epoch its key serves (a rebase starts one)
+        # visits skipped since the previous request (the last request takes those after it too)
+        firsts = trace.times_ms[bounds[:-1]] if len(bounds) > 1 else np.zeros(0, dtype=np.int64)
+        before = np.searchsorted(np.sort(trace.skipped_times_ms), firsts, side="right")
+        self.skipped = np.diff(before, prepend=0)
+        if len(self.skipped):
+            self.skipped[-1] += len(trace.skipped_times_ms) - before[-1]
         self.held: dict[int, int] = {}  # store user -> tokens its key held after its last answer
         self._in_flight: dict[int, object] = {}  # store user -> event set when its request settles
 
@@ -172,19 +208,24 @@ class TimelineSource:
         visits = range(int(tl.bounds[r]), int(tl.bounds[r + 1]))
         users, hits, labels = [], [], []
         for i in visits:
-            u = int(t.users[i])
+            u, epoch = int(t.users[i]), int(t.epoch[i])
+            if u in tl.keys and tl.epochs[u] != epoch:  # rebased: what the key holds is no prefix of it
+                self._retired.append(tl.keys.pop(u))
             if u not in tl.keys:
-                tl.keys[u], tl.held[u] = self.keys.new_key(), 0
+                tl.keys[u], tl.held[u], tl.epochs[u] = self.keys.new_key(), 0, epoch
             history = tl.store.user(u)
-            h, s = int(t.history[i]), int(t.starts[i])
+            f, h, s = int(t.first[i]), int(t.history[i]), int(t.starts[i])
             users.append(UserRequest(
                 user_id=history.user_id, context=history.context,
-                history_items=np.asarray(history.video_ids[:h], dtype=np.int64),
-                history_actions=np.asarray(history.actions[:h], dtype=np.int64),
+                history_items=np.asarray(history.video_ids[f:f + h], dtype=np.int64),
+                history_actions=np.asarray(history.actions[f:f + h], dtype=np.int64),
                 candidates=np.asarray(history.video_ids[s:s + int(t.candidates[i])], dtype=np.int64),
                 cache_key=tl.keys[u]))
             hits.append(tl.held[u])
-            labels.append(f"user {history.user_id} visit at {int(t.times_ms[i])} ms items {h}")
+            labels.append(f"user {history.user_id} visit at {int(t.times_ms[i])} ms items {h} {KINDS[t.kind[i]]}")
+        if tl.skipped[r]:
+            n = int(tl.skipped[r])
+            labels.append(f"skipped {n} visits {n * history_tokens(t.history_cap)} tokens")
         try:
             request = build_request(users, tl.limits)
         except HstuReplayError:
@@ -213,3 +254,19 @@ class TimelineSource:
         self._retired.extend(tl.keys.values())
         tl.keys.clear()
         tl.held.clear()
+
+
+_SENT = re.compile(r"items (\d+) (" + "|".join(KINDS) + r")\b")
+_SKIPPED = re.compile(r"skipped (\d+) visits (\d+) tokens")
+
+
+def label_accounts(label: str) -> VisitAccounts:
+    """The visits a request's label (`TimelineSource.next_step`) names, by kind."""
+    visits, tokens = [0] * len(KINDS), [0] * len(KINDS)
+    for items, kind in _SENT.findall(label):
+        visits[KINDS.index(kind)] += 1
+        tokens[KINDS.index(kind)] += history_tokens(int(items))
+    for n, skipped_tokens in _SKIPPED.findall(label):
+        visits[KINDS.index("skipped")] += int(n)
+        tokens[KINDS.index("skipped")] += int(skipped_tokens)
+    return VisitAccounts(tuple(visits), tuple(tokens))

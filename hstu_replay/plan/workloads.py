@@ -18,6 +18,7 @@ from hstu_replay.errors import ConfigError, HstuReplayError
 from hstu_replay.interface import Limits
 from hstu_replay.plan.dealer import Dealer
 from hstu_replay.plan.keys import KeyAllocator
+from hstu_replay.plan.over_limit import HistoryPolicy
 from hstu_replay.plan.step import PlannedStep
 
 
@@ -49,6 +50,7 @@ class WorkloadOptions:
     request_rate: float = 0.0
     slice_ms: int = 0  # natural replay: visits of one slice share a request (0: one visit each)
     shard: tuple[int, int] = (0, 1)  # natural replay: only users i of n (store index modulo n)
+    policy: HistoryPolicy = HistoryPolicy()  # natural replay: a visit whose history is past the limit
 
 
 class Workload(Protocol):
@@ -158,7 +160,7 @@ class TimelineWorkload:
         if self.history_cap(batch) < 1:
             raise ConfigError(f"--max-values {o.limits.max_values}: no room for any history at batch {batch} "
                               f"with --candidates {o.candidates}")
-        whole = build_trace(self.store, o.candidates, o.limits, batch)
+        whole = build_trace(self.store, o.candidates, o.limits, batch, o.policy)
         trace = shard_trace(shard_trace(whole, *o.shard), o.worker_index, o.worker_count, stride=o.shard[1])
         if not len(trace):
             raise ConfigError(f"--store {o.path}: no user (of this shard and worker) comes back after a gap of 60 s: "

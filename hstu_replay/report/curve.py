@@ -17,6 +17,7 @@ import orjson
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import Limits
 from hstu_replay.plan.cache_curve import CacheCurve, cache_curve
+from hstu_replay.plan.over_limit import HistoryPolicy
 from hstu_replay.plan.timeline import build_trace, group_requests
 
 CURVE_JSON, CURVE_CSV, CURVE_PNG = "curve.json", "curve.csv", "curve.png"
@@ -30,6 +31,7 @@ class CurveOptions:
     batch_size: int = 1
     slice_ms: int = 0
     page_tokens: int = 32
+    policy: HistoryPolicy = HistoryPolicy()
 
 
 def store_curve(options: CurveOptions) -> tuple[CacheCurve, dict]:
@@ -45,15 +47,15 @@ def store_curve(options: CurveOptions) -> tuple[CacheCurve, dict]:
         raise ConfigError(f"--max-values {options.limits.max_values}: no room for any history at batch "
                           f"{options.batch_size} with --candidates {options.candidates}")
     began = time.perf_counter()
-    trace = build_trace(store, options.candidates, options.limits, options.batch_size)
+    trace = build_trace(store, options.candidates, options.limits, options.batch_size, options.policy)
     if not len(trace):
         raise ConfigError(f"--store {options.store}: no user comes back after a gap of 60 s; nothing to replay")
     bounds = group_requests(trace, options.slice_ms, options.batch_size)
-    curve = cache_curve(trace.users, trace.tokens, bounds, options.page_tokens)
+    curve = cache_curve(trace.cache_keys, trace.tokens, bounds, options.page_tokens)
     seconds = time.perf_counter() - began
     return curve, {"store": str(options.store), "users": int(len(set(trace.users.tolist()))), "visits": len(trace),
                    "history_cap": trace.history_cap, "span_ms": int(trace.times_ms[-1] - trace.times_ms[0]),
-                   "seconds": round(seconds, 3)}
+                   "seconds": round(seconds, 3), "visit_kinds": trace.accounts().to_dict(options.policy)}
 
 
 def curve_json(curve: CacheCurve, info: dict, options: CurveOptions, budgets: list[int]) -> dict:
@@ -62,7 +64,8 @@ def curve_json(curve: CacheCurve, info: dict, options: CurveOptions, budgets: li
         "trace": info,
         "options": {"candidates": options.candidates, "max_history": options.limits.max_history,
                     "max_values": options.limits.max_values, "batch_size": options.batch_size,
-                    "slice_ms": options.slice_ms, "page_tokens": options.page_tokens},
+                    "slice_ms": options.slice_ms, "page_tokens": options.page_tokens,
+                    "over_limit": options.policy.over_limit.value, "rebase_keep": options.policy.rebase_keep},
         "requests": curve.requests, "accesses": curve.accesses, "returning": curve.returning,
         "total_tokens": curve.total_tokens, "exact_from_tokens": curve.exact_from_tokens,
         "all_fit_tokens": curve.all_fit_tokens, "max_ratio": curve.max_ratio,

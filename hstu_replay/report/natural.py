@@ -11,6 +11,8 @@ import csv
 import io
 from pathlib import Path
 
+from hstu_replay.plan.over_limit import ACCOUNTS_HEADER, HistoryPolicy, VisitAccounts, accounts_rows
+from hstu_replay.plan.timeline import label_accounts
 from hstu_replay.report.kit import cell, escape, table
 from hstu_replay.stats.histogram import LatencyHistogram
 
@@ -37,9 +39,19 @@ def _latency(records: list[dict]) -> dict:
             "p50_ms": h.percentile_ms(50) if records else None, "p99_ms": h.percentile_ms(99) if records else None}
 
 
-def natural_section(records: list[dict]) -> dict:
-    """Measured requests that got an answer: their emergent ratios, latency by ratio, over time."""
-    sent = sorted((r for r in records if r["kind"] in ("measure", "warmup") and r["ok"]), key=lambda r: r["t"])
+def visit_kinds(records: list[dict], policy: HistoryPolicy) -> dict:
+    """The visits the requests' labels name, by kind (warm, cold, rebased, frozen, skipped)."""
+    total = VisitAccounts()
+    for r in records:
+        total = total + label_accounts(r["label"])
+    return total.to_dict(policy)
+
+
+def natural_section(records: list[dict], policy: HistoryPolicy = HistoryPolicy()) -> dict:
+    """Measured requests that got an answer: their emergent ratios, latency by ratio, over time;
+    and every visit of the requests sent (answered or not) by kind under the `--over-limit` policy."""
+    tried = [r for r in records if r["kind"] in ("measure", "warmup")]
+    sent = sorted((r for r in tried if r["ok"]), key=lambda r: r["t"])
     measured = [r for r in sent if r["kind"] == "measure"]
     sources = sorted({_ratio(r)[1] for r in measured})
     by_ratio = []
@@ -60,7 +72,9 @@ def natural_section(records: list[dict]) -> dict:
                      for w, inside in enumerate(windows) if inside]
     return {"hit_source": sources[0] if len(sources) == 1 else "mixed" if sources else None,
             **_latency(measured), "warmup_requests": len(sent) - len(measured),
-            "by_ratio": by_ratio, "over_time": over_time, "requests_csv": NATURAL_CSV}
+            "by_ratio": by_ratio, "over_time": over_time, "requests_csv": NATURAL_CSV,
+            "visit_kinds": visit_kinds(tried, policy),
+            "measured_visit_kinds": visit_kinds([r for r in tried if r["kind"] == "measure"], policy)}
 
 
 def natural_html(section: dict) -> tuple[str, ...]:
@@ -75,7 +89,19 @@ def natural_html(section: dict) -> tuple[str, ...]:
         table(["seconds", "warm-up", *keys],
               ([f"{w['from_s']:.0f}-{w['to_s']:.0f}", "yes" if w["warmup"] else "", *(cell(w[k]) for k in keys)]
                for w in section["over_time"]), text_cols=2),
+        *_kinds_html(section),
     )
+
+
+def _kinds_html(section: dict) -> tuple[str, ...]:
+    kinds = section.get("visit_kinds")
+    if not kinds:
+        return ()
+    keep = f", keeping {kinds['rebase_keep']:g} of the limit" if kinds["rebase_keep"] is not None else ""
+    return (f"<p>Histories past the limit: <code>--over-limit {escape(kinds['over_limit'])}</code>{escape(keep)}. "
+            f"Every visit of the requests sent (warm-up included; skipped visits are counted with the "
+            f"request that followed them):</p>",
+            table(ACCOUNTS_HEADER, accounts_rows(kinds), text_cols=1))
 
 
 def write_natural_csv(records: list[dict], out_dir: Path) -> Path:

@@ -30,7 +30,7 @@ def test_the_smallest_budget_meeting_the_slo_with_computed_and_measured_figures(
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "a" / "capacity_natural.json").read_text())
     trace = build_trace(SequenceStore.open(long_store), 16, Limits(max_history=256), 1)
-    curve = cache_curve(trace.users, trace.tokens, group_requests(trace, 0, 1))
+    curve = cache_curve(trace.cache_keys, trace.tokens, group_requests(trace, 0, 1))
     smallest = curve.budget_for(0.5)
     assert curve.ratio(smallest) >= 0.5 > curve.ratio(smallest - 32)  # picked where the curve reaches 0.5
     (step,) = result["steps"]  # the smallest budget already meets a loose SLO: nothing larger is run
@@ -40,6 +40,10 @@ def test_the_smallest_budget_meeting_the_slo_with_computed_and_measured_figures(
     assert step["measured"]["hit_source"] == "observed"
     assert step["measured"]["hit_ratio"] == pytest.approx(step["computed"]["window_hit_ratio"], abs=0.02)
     assert set(result["labels"]) == {"computed", "measured"}
+    kinds = result["curve"]["visit_kinds"]  # the default --over-limit skip, every visit of the log counted
+    assert kinds["log"]["over_limit"] == "skip" and kinds["log"]["visits"] == len(trace) + len(trace.skipped_users)
+    assert kinds["log"]["kinds"]["skipped"]["visits"] == len(trace.skipped_users) > 0
+    assert kinds["servers"]["1"] == kinds["log"] and "over the limit: skip;" in proc.stdout
     assert f"{smallest:,} tokens per server x 1 server(s)" in proc.stdout
 
     proc = _natural(*common, "--slo-p99-ms", "0.001", "--budgets", "1000", "--max-servers", "2",
@@ -52,6 +56,8 @@ def test_the_smallest_budget_meeting_the_slo_with_computed_and_measured_figures(
 
 
 def test_bad_options_are_one_line(tmp_path, long_store):
-    proc = _natural("--store", str(long_store), "--repository", str(tmp_path), "--slo-p99-ms", "x",
-                    "--request-rate", "5")
-    assert proc.returncode == 2 and "--slo-p99-ms" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    for bad, flag in ((("--slo-p99-ms", "x"), "--slo-p99-ms"), (("--over-limit", "newest"), "--over-limit"),
+                      (("--over-limit", "rebase", "--rebase-keep", "0"), "--rebase-keep")):
+        proc = _natural("--store", str(long_store), "--repository", str(tmp_path), "--slo-p99-ms", "100",
+                        "--request-rate", "5", *bad)
+        assert proc.returncode == 2 and flag in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, bad

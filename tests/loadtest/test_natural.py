@@ -11,6 +11,7 @@ from hstu_replay.data.store import SequenceStore
 from hstu_replay.interface import Limits
 from hstu_replay.loadtest.records import read_records
 from hstu_replay.plan.cache_curve import cache_curve
+from hstu_replay.plan.over_limit import KINDS
 from hstu_replay.plan.timeline import build_trace, group_requests
 from hstu_replay.report.natural import NATURAL_CSV, natural_section, write_natural_csv
 from tests.conftest import run_distributed, run_locust, start_server, stop_server
@@ -53,7 +54,7 @@ def test_the_emergent_ratio_is_the_curves_at_the_servers_budget(budgeted_server,
     # The curve of exactly the requests the server received: the trace's first `sent`.
     trace = build_trace(SequenceStore.open(long_store), 16, Limits(max_history=256), 1)
     bounds = group_requests(trace, 0, 1)[: sent + 1]
-    curve = cache_curve(trace.users[:sent], trace.tokens[:sent], bounds)
+    curve = cache_curve(trace.cache_keys[:sent], trace.tokens[:sent], bounds)
     predicted = curve.ratio(BUDGET)
     assert 0.3 < predicted < 0.95  # the budget matters: neither everything nor nothing fits
     assert observed == pytest.approx(predicted, abs=0.02), (observed, predicted)
@@ -75,6 +76,14 @@ def test_the_emergent_ratio_is_the_curves_at_the_servers_budget(budgeted_server,
     assert sum(w["requests"] for w in natural["over_time"]) == sent
     assert (tmp_path / "natural_requests.csv").read_text().count("\n") == sent + 1  # header + every request
     assert "Natural replay" in (tmp_path / "report.html").read_text()
+    # Every visit of the log accounted under the default --over-limit skip: the log ran out, so the
+    # requests sent name every replayed visit, and the skipped ones with them.
+    assert sent == len(trace)
+    kinds = natural["visit_kinds"]
+    assert kinds["over_limit"] == "skip" and "--over-limit skip" in (tmp_path / "report.html").read_text()
+    assert tuple(kinds["kinds"][k]["visits"] for k in KINDS) == trace.accounts().visits
+    assert kinds["kinds"]["skipped"]["visits"] > 0 and kinds["kinds"]["frozen"]["visits"] == 0
+    assert "natural replay: over the limit: skip;" in result.stdout + result.stderr
     # Each store user kept one key for the whole run, and its visits went in the log's order.
     keys: dict[str, set] = {}
     for r in sorted(records, key=lambda r: r["t"]):

@@ -6,7 +6,10 @@ import numpy as np
 
 from hstu_replay.data.store import SequenceStore
 from hstu_replay.interface import Limits
+from hstu_replay.plan.over_limit import HistoryPolicy, OverLimit
 from hstu_replay.plan.timeline import build_trace, group_requests
+
+OLDEST = HistoryPolicy(OverLimit.OLDEST)
 
 
 class _Times:
@@ -22,7 +25,7 @@ class _Times:
 
 def test_a_hand_worked_trace():
     store = _Times([0, 1_000, 70_000, 71_000, 200_000], [5_000, 100_000, 100_500], [10, 20])
-    trace = build_trace(store, candidates=1, limits=Limits(max_history=3), batch_size=1)
+    trace = build_trace(store, candidates=1, limits=Limits(max_history=3), batch_size=1, policy=OLDEST)
     # user 0 comes back at 70 s (2 events before) and 200 s (4, capped at 3); user 1 at 100 s;
     # user 2 never leaves for 60 s, so it is never replayed; a gap of exactly 60 s splits.
     assert trace.users.tolist() == [0, 1, 0]
@@ -31,6 +34,11 @@ def test_a_hand_worked_trace():
     assert trace.history.tolist() == [2, 1, 3]
     assert trace.candidates.tolist() == [1, 1, 1]
     assert trace.tokens.tolist() == [10, 8, 12]
+    assert trace.kind.tolist() == [1, 1, 3]  # cold, cold, frozen (the oldest 3 of 4 items)
+    # The default skips the visit past the limit, as NVIDIA's replay does; it is still counted.
+    skipped = build_trace(store, candidates=1, limits=Limits(max_history=3), batch_size=1)
+    assert skipped.users.tolist() == [0, 1] and skipped.skipped_times_ms.tolist() == [200_000]
+    assert skipped.accounts().visits == (0, 2, 0, 0, 1) and skipped.accounts().tokens == (0, 18, 0, 0, 12)
     assert build_trace(_Times([0, 60_000]), 1, Limits(), 1).starts.tolist() == [1]
     assert len(build_trace(_Times([0, 59_999]), 1, Limits(), 1)) == 0
 
@@ -48,7 +56,7 @@ def test_requests_group_one_slice_of_distinct_users():
 
 def test_a_store_trace_follows_every_users_visits(long_store):
     store = SequenceStore.open(long_store)
-    trace = build_trace(store, candidates=16, limits=Limits(max_history=256), batch_size=8)
+    trace = build_trace(store, candidates=16, limits=Limits(max_history=256), batch_size=8, policy=OLDEST)
     assert len(trace) > 100
     assert np.all(np.diff(trace.times_ms) >= 0)
     cap = Limits(max_history=256).history_cap(8, 16)

@@ -38,6 +38,38 @@ def test_the_curve_of_a_store_matches_its_replay_through_the_ledger(long_store, 
     ratios = [float(r["hit_ratio"]) for r in rows]
     assert ratios == sorted(ratios) and int(rows[0]["budget_tokens"]) == 0
     assert summary["trace"]["visits"] == len(trace) and summary["total_tokens"] == int(np.sum(tokens))
+    # Every visit accounted under the default policy: skipped ones are not in the curve, but counted.
+    kinds = summary["trace"]["visit_kinds"]
+    assert summary["options"]["over_limit"] == kinds["over_limit"] == "skip" and kinds["rebase_keep"] is None
+    assert kinds["kinds"]["skipped"]["visits"] == len(trace.skipped_users) > 0
+    assert kinds["visits"] == len(trace) + len(trace.skipped_users)
+    assert "over the limit: skip;" in proc.stdout and "skipped" in proc.stdout
+
+
+def test_each_policy_gives_its_own_curve_and_counts(long_store, tmp_path):
+    from hstu_replay.plan.over_limit import KINDS, HistoryPolicy
+
+    ratios = {}
+    for policy in ("skip", "oldest", "rebase"):
+        out = tmp_path / policy
+        proc = _cli("plan", "cache-curve", "--store", str(long_store), "--max-history", "256", "--over-limit", policy,
+                    "--rebase-keep", "0.25", "--budgets", "5000", "--out", str(out))
+        assert proc.returncode == 0, proc.stderr
+        summary = json.loads((out / "curve.json").read_text())
+        trace = build_trace(SequenceStore.open(long_store), 16, Limits(max_history=256), 1,
+                            HistoryPolicy.of(policy, 0.25))
+        kinds = summary["trace"]["visit_kinds"]
+        assert [kinds["kinds"][k]["visits"] for k in KINDS] == list(trace.accounts().visits)
+        assert [kinds["kinds"][k]["tokens"] for k in KINDS] == list(trace.accounts().tokens)
+        assert kinds["visits"] == 1054  # every visit of the log, whatever the policy
+        past = {"skip": "skipped", "oldest": "frozen", "rebase": "rebased"}[policy]
+        assert kinds["kinds"][past]["visits"] > 0
+        assert all(kinds["kinds"][k]["visits"] == 0 for k in ("skipped", "frozen", "rebased") if k != past)
+        assert summary["total_tokens"] == int(trace.tokens.sum())
+        ratios[policy] = summary["budgets"][0]["hit_ratio"]
+    assert len(set(ratios.values())) == 3  # the rule moves the curve
+    proc = _cli("plan", "cache-curve", "--store", str(long_store), "--over-limit", "newest")
+    assert proc.returncode == 2 and "--over-limit 'newest'" in proc.stderr, proc.stderr
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path, long_store):
