@@ -193,6 +193,10 @@ class OracleHandle:
     def grpc_url(self) -> str:
         return self.server.grpc_url
 
+    @property
+    def http_url(self) -> str:
+        return self.server.http_url
+
     def records(self) -> list[dict]:
         from tests.oracle.server import read_log
 
