@@ -85,6 +85,8 @@ def add_commands(groups) -> None:
     BUDGETS.add_to(natural, help="measure these budgets (tokens) instead of picking them from the curve",
                    metavar=None)
     Option("--max-servers", "split users and traffic over up to this many servers", 1).add_to(natural, text=True)
+    Option("--shards-measured", "with n servers, measure this many of the n shards, each in turn against its own "
+           "target (0: all; the curve's spread over all n is computed either way)", 0).add_to(natural, text=True)
     Option("--users", "Locust users sending the replay", 4).add_to(natural, text=True)
     VISITS_PER_REQUEST.add_to(natural, text=True)
     TIME_SLICE_MS.add_to(natural, help="visits of one slice of log time share a request", text=True)
@@ -237,6 +239,7 @@ def _natural(args: argparse.Namespace) -> int:
         curve_ratios=numbers("--curve-ratios", args.curve_ratios, 0),
         budgets=tuple(int(b) for b in numbers("--budgets", args.budgets, 0, integral=True)) if args.budgets else (),
         max_servers=number("--max-servers", args.max_servers, 1, integral=True),
+        shards_measured=number("--shards-measured", args.shards_measured, 0, integral=True),
         users=number("--users", args.users, 1, integral=True), batch_size=batch,
         time_slice_ms=number("--time-slice-ms", args.time_slice_ms, 0, integral=True),
         step_seconds=number("--step-seconds", args.step_seconds, 0, above=True),
@@ -261,6 +264,7 @@ def _natural(args: argparse.Namespace) -> int:
               f"with up to {plan.max_servers} server(s) (see {path})", file=sys.stderr)
         return NO_SUSTAINABLE_STEP_EXIT
     print(f"smallest cache meeting p99 <= {plan.slo.p99_ms:g} ms at {plan.request_rate:g} req/s: "
-          f"{answer['budget_tokens']:,} tokens per server x {answer['servers']} server(s) (measured; "
-          f"budgets picked from the computed curve); written to {path}")
+          f"{answer['budget_tokens']:,} tokens per server x {answer['servers']} server(s) (measured"
+          + (f" on {answer['shards_measured']} of {answer['servers']} shards" if answer["servers"] > 1 else "")
+          + f"; budgets picked from the computed curve); written to {path}")
     return 0

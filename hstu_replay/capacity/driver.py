@@ -8,6 +8,7 @@ Triton's Prometheus endpoint is scraped before and after each step (and its gaug
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -161,11 +162,15 @@ def measurement_from_report(report: dict, load: float) -> Measurement:
     errors = report.get("errors") or {}
     stage = (report.get("stages") or [{}])[0]
     flags = stage.get("flags") or []
+    per_request = stage.get("mean_history_tokens")
     return Measurement(
         load=load, requests=int(b.get("requests") or 0), throughput_rps=b.get("throughput_rps"),
         logical_throughput=b.get("logical_throughput"), mean_ms=latency("mean_ms"), p50_ms=latency("p50_ms"),
         p99_ms=latency("p99_ms"), error_ratio=b.get("error_ratio"), achieved_ratio=b.get("achieved_ratio"),
-        hit_source=b.get("hit_source"), primes_per_request=b.get("primes_per_request"), server_rps=b.get("server_rps"),
+        hit_source=b.get("hit_source"),
+        history_tokens=None if per_request is None or math.isnan(per_request) else
+        round(per_request * int(b.get("logical_requests") or 0)),
+        primes_per_request=b.get("primes_per_request"), server_rps=b.get("server_rps"),
         latency_basis="intended" if corrected else "sent", requested_rps=b.get("requested_rps"),
         server=b.get("server"), errors=dict(list(errors.items())[:3]) or None,
         client_cpu_ms_per_request=stage.get("client_cpu_ms_per_request"),

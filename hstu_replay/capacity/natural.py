@@ -5,8 +5,12 @@ The hit-ratio-vs-budget curve of the store's natural replay (computed, one pass)
 budgets worth measuring: where it reaches each of `--curve-ratios`. Each is then measured, in
 ascending order: the built-in target is started with that `--cache-budget-tokens` and replayed
 naturally at the traffic level (`--request-rate`); with n servers each gets 1/n of the users
-(`--timeline-shard 0/n`) and 1/n of the traffic. The first budget at which some server count up
+(`--timeline-shard i/n`) and 1/n of the traffic. The first budget at which some server count up
 to `--max-servers` meets the SLO is the answer (latency is taken to fall as the cache grows).
+With n servers every shard i/n is measured in turn against its own fresh target (or the first
+`--shards-measured` of them) and the step is judged on the worst shard (capacity.shards); the
+curve's spread over all n shards is computed either way. A failed request's users go on with
+fresh keys, and the window's curve figure is recomputed with that loss.
 Every figure in capacity_natural.json says whether it was computed (the curve) or measured
 (a real run: the server's own hit counters and the run's latency).
 """
@@ -19,11 +23,15 @@ import os
 import subprocess
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 from pathlib import Path
+
+import numpy as np
 
 from hstu_replay.capacity.driver import (LOCUST_BAD_START, fresh_dir, last_error, measurement_from_report, stop_step,
                                          wait_step)
 from hstu_replay.capacity.search import Measurement, Slo, judge
+from hstu_replay.capacity.shards import combine, spread
 from hstu_replay.errors import ConfigError, ServerError
 from hstu_replay.interface import Limits
 from hstu_replay.loadtest.command import headless_command
@@ -55,36 +63,48 @@ class NaturalPlan:
     page_tokens: int = 32
     serve_args: tuple[str, ...] = ()  # e.g. --threads 1 --config small
     policy: HistoryPolicy = HistoryPolicy()  # --over-limit, --rebase-keep
+    shards_measured: int = 0  # with n servers, measure shards 0..K-1 of n (0: all n)
 
     @property
     def limits(self) -> Limits:
         return Limits(max_history=self.max_history)
 
 
-def curves(plan: NaturalPlan) -> dict[int, object]:
-    """servers -> the curve of one server's share (shard 0 of n) of the store's natural replay."""
-    from hstu_replay.data.store import SequenceStore
-    from hstu_replay.plan.cache_curve import cache_curve
-    from hstu_replay.plan.timeline import build_trace, group_requests, shard_trace
+def _trace(plan: NaturalPlan):
+    return _store_trace(plan.store, plan.candidates, plan.limits, plan.batch_size, plan.policy)
 
-    trace = build_trace(SequenceStore.open(plan.store), plan.candidates, plan.limits, plan.batch_size, plan.policy)
-    out = {}
+
+@lru_cache(maxsize=2)
+def _store_trace(store: str, candidates: int, limits: Limits, batch_size: int, policy: HistoryPolicy):
+    from hstu_replay.data.store import SequenceStore
+    from hstu_replay.plan.timeline import build_trace
+
+    return build_trace(SequenceStore.open(store), candidates, limits, batch_size, policy)
+
+
+def curves(plan: NaturalPlan) -> dict[int, list]:
+    """servers n -> the curve of each server's share (shards 0..n-1 of n) of the store's natural replay."""
+    from hstu_replay.plan.cache_curve import cache_curve
+    from hstu_replay.plan.timeline import group_requests, shard_trace
+
+    trace, out = _trace(plan), {}
     for n in range(1, plan.max_servers + 1):
-        share = shard_trace(trace, 0, n)
-        out[n] = cache_curve(share.cache_keys, share.tokens,
-                             group_requests(share, plan.time_slice_ms, plan.batch_size), plan.page_tokens)
+        out[n] = []
+        for i in range(n):
+            share = shard_trace(trace, i, n)
+            out[n].append(cache_curve(share.cache_keys, share.tokens,
+                                      group_requests(share, plan.time_slice_ms, plan.batch_size), plan.page_tokens))
     return out
 
 
 def visit_kinds(plan: NaturalPlan) -> dict:
     """Every visit of the store's natural replay by kind under the plan's --over-limit: the whole
-    log's, and one server's share (shard 0 of n) for each server count."""
-    from hstu_replay.data.store import SequenceStore
-    from hstu_replay.plan.timeline import build_trace, shard_trace
+    log's, and each server's share (shard i of n) for each server count."""
+    from hstu_replay.plan.timeline import shard_trace
 
-    trace = build_trace(SequenceStore.open(plan.store), plan.candidates, plan.limits, plan.batch_size, plan.policy)
+    trace = _trace(plan)
     return {"log": trace.accounts().to_dict(plan.policy),
-            "servers": {n: shard_trace(trace, 0, n).accounts().to_dict(plan.policy)
+            "servers": {n: [shard_trace(trace, i, n).accounts().to_dict(plan.policy) for i in range(n)]
                         for n in range(1, plan.max_servers + 1)}}
 
 
@@ -94,38 +114,44 @@ def pick_budgets(curve, ratios: tuple[float, ...]) -> list[int]:
     return sorted(b for b in picked if b is not None)
 
 
-def window_ratio(plan: NaturalPlan, computed: dict, budget: int, servers: int, report_dir: str | None) -> float | None:
-    """The curve's ratio over exactly the run's measured window: the replay is deterministic, so
-    the hits of requests [warm-up, sent) are those of the first `sent` less the first `warm-up`."""
+def window_figures(plan: NaturalPlan, budget: int, servers: int, shard: int,
+                   report: dict | None) -> tuple[int, int] | None:
+    """(hit tokens, history tokens) of the curve over exactly the run's measured window: the
+    replay is deterministic, so the hits of requests [warm-up, sent) are those of the first `sent`
+    less the first `warm-up`. Visits that failed are taken out and their users go on with fresh
+    keys, as the run did (`after_failures`): the curve less what the lost keys could not hit."""
     from hstu_replay.data.store import SequenceStore
     from hstu_replay.plan.cache_curve import cache_curve
-    from hstu_replay.plan.timeline import build_trace, group_requests, shard_trace
+    from hstu_replay.plan.timeline import after_failures, group_requests, shard_trace, visits_mask
 
-    path = Path(report_dir or "") / "report.json"
-    if not path.is_file():
+    if report is None:
         return None
-    report = json.loads(path.read_text())
     warm = int(report.get("warmup_requests") or 0)
     sent = warm + sum(int(b["requests"]) + int(b.get("errors") or 0) for b in report.get("bins") or [])
-    share = shard_trace(build_trace(SequenceStore.open(plan.store), plan.candidates, plan.limits, plan.batch_size,
-                                    plan.policy), 0, servers)
+    share = shard_trace(_trace(plan), shard, servers)
     bounds = group_requests(share, plan.time_slice_ms, plan.batch_size)
     if sent <= warm or sent >= len(bounds):
         return None
+    failed = visits_mask(share, SequenceStore.open(plan.store).user_ids,
+                         ((report.get("natural") or {}).get("failed") or {}).get("visits") or ())
+    kept = after_failures(share, failed)
+    position = np.concatenate([[0], np.cumsum(~failed)])  # a visit's index among those kept
 
     def first(n: int) -> tuple[int, int]:
-        end = int(bounds[n])
-        curve = cache_curve(share.cache_keys[:end], share.tokens[:end], bounds[: n + 1], plan.page_tokens)
+        end = int(position[bounds[n]])
+        curve = cache_curve(kept.cache_keys[:end], kept.tokens[:end], np.unique(position[bounds[: n + 1]]),
+                            plan.page_tokens)
         return curve.hit_tokens(budget), curve.total_tokens
 
     (hits, tokens), (warm_hits, warm_tokens) = first(sent), first(warm)
-    return (hits - warm_hits) / (tokens - warm_tokens)
+    return hits - warm_hits, tokens - warm_tokens
 
 
-def step_command(plan: NaturalPlan, grpc_url: str, budget: int, servers: int, report_dir: Path) -> list[str]:
+def step_command(plan: NaturalPlan, grpc_url: str, budget: int, servers: int, shard: int,
+                 report_dir: Path) -> list[str]:
     return headless_command(
         report_dir, "-u", str(plan.users), "-r", str(plan.users), "--triton-url", grpc_url, "--workload", "timeline",
-        "--store", plan.store, "--timeline-shard", f"0/{servers}", "--batch-sizes", str(plan.batch_size),
+        "--store", plan.store, "--timeline-shard", f"{shard}/{servers}", "--batch-sizes", str(plan.batch_size),
         "--time-slice-ms", str(plan.time_slice_ms), "--arrival", "constant",
         "--request-rate", f"{plan.request_rate / servers:g}", "--stage-seconds", f"{plan.step_seconds:g}",
         "--warmup-seconds", f"{plan.warmup_seconds:g}", "--max-history", str(plan.max_history),
@@ -135,9 +161,11 @@ def step_command(plan: NaturalPlan, grpc_url: str, budget: int, servers: int, re
     )
 
 
-def run_natural_step(plan: NaturalPlan, budget: int, servers: int) -> Measurement:
-    """A fresh built-in target with `budget`, one natural replay of its share at its share of the rate."""
-    step_dir = fresh_dir(plan.out_dir / "steps" / f"b{budget}_s{servers}")
+def run_natural_step(plan: NaturalPlan, budget: int, servers: int, shard: int) -> Measurement:
+    """A fresh built-in target with `budget`, one natural replay of shard `shard` of `servers` at its
+    share of the rate."""
+    name = f"b{budget}_s{servers}" + (f"_shard{shard}" if servers > 1 else "")
+    step_dir = fresh_dir(plan.out_dir / "steps" / name)
     server = ServerProcess.serve(plan.repository, step_dir / "server.log", None, "--cache-budget-tokens", str(budget),
                                  "--page-tokens", str(plan.page_tokens), *plan.serve_args,
                                  ready_timeout_s=SERVE_TIMEOUT_S)
@@ -149,7 +177,7 @@ def run_natural_step(plan: NaturalPlan, budget: int, servers: int) -> Measuremen
             raise ServerError(f"the target did not start with budget {budget}: {exc}") from None
         log = step_dir / "locust.log"
         with log.open("w") as out:
-            proc = subprocess.Popen(step_command(plan, server.grpc_url, budget, servers, step_dir),
+            proc = subprocess.Popen(step_command(plan, server.grpc_url, budget, servers, shard, step_dir),
                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
             try:
@@ -160,7 +188,7 @@ def run_natural_step(plan: NaturalPlan, budget: int, servers: int) -> Measuremen
     finally:
         server.stop(SERVER_STOP_GRACE_S)
     if proc.returncode == LOCUST_BAD_START and not timed_out:
-        raise ServerError(f"step b{budget}_s{servers}: Locust stopped: {last_error(log)} (log: {log})")
+        raise ServerError(f"step {name}: Locust stopped: {last_error(log)} (log: {log})")
     report = step_dir / "report.json"
     if not report.is_file():
         return Measurement(float(budget), problem=f"Locust exited {proc.returncode} without a report: {last_error(log)}",
@@ -170,7 +198,75 @@ def run_natural_step(plan: NaturalPlan, budget: int, servers: int) -> Measuremen
                    problem="timed out" if timed_out else measured.problem)
 
 
-StepRunner = Callable[[NaturalPlan, int, int], Measurement]
+StepRunner = Callable[[NaturalPlan, int, int, int], Measurement]
+
+
+def _measured(m: Measurement) -> dict:
+    return {"hit_ratio": m.achieved_ratio, "hit_source": m.hit_source, "p99_ms": m.p99_ms, "p50_ms": m.p50_ms,
+            "latency_basis": m.latency_basis, "error_ratio": m.error_ratio, "throughput_rps": m.throughput_rps,
+            "requests": m.requests}
+
+
+def _report(m: Measurement) -> dict | None:
+    path = Path(m.report_dir or "") / "report.json"
+    return json.loads(path.read_text()) if m.report_dir and path.is_file() else None
+
+
+def measure_shards(plan: NaturalPlan, run: StepRunner, computed: list, budget: int) -> dict:
+    """One step: shards 0..K-1 of n = len(computed) servers, each against its own fresh target, in
+    turn; K is --shards-measured (all by default). The combined measurement is judged."""
+    servers = len(computed)
+    count = min(servers, plan.shards_measured or servers)
+    shards, runs, windows = [], [], []
+    for i in range(count):
+        m = run(plan, budget, servers, i)
+        report = _report(m)
+        window = window_figures(plan, budget, servers, i, report)
+        failed = ((report or {}).get("natural") or {}).get("failed") or {"requests": 0, "keys_replaced": 0}
+        runs.append(m)
+        windows.append(window)
+        shards.append({"shard": i, "computed": {"hit_ratio": computed[i].ratio(budget),
+                                                "window_hit_ratio": window[0] / window[1] if window and window[1]
+                                                else None},
+                       "measured": _measured(m), "failed": {k: failed[k] for k in ("requests", "keys_replaced")},
+                       "report_dir": m.report_dir})
+    combined = judge(combine(runs), plan.slo)
+    known = [w for w in windows if w]
+    window_tokens = sum(w[1] for w in known)
+    m = combined.measurement
+    return {
+        "budget_tokens": budget, "servers": servers, "rate_per_server": plan.request_rate / servers,
+        "shards_measured": count,
+        "computed": {"hit_ratio": sum(c.hit_tokens(budget) for c in computed) / max(sum(c.total_tokens for c in
+                                                                                      computed), 1),
+                     "window_hit_ratio": (sum(w[0] for w in known) / window_tokens
+                                          if len(known) == count and window_tokens else None)},
+        "measured": _measured(m),
+        "failed": {k: sum(s["failed"][k] for s in shards) for k in ("requests", "keys_replaced")},
+        "spread": {"curve_ratio": spread([c.ratio(budget) for c in computed]),
+                   "measured_p99_ms": spread([r.p99_ms for r in runs])},
+        "shards": shards, "passed": combined.passed, "breaches": list(combined.breaches),
+        "report_dir": runs[0].report_dir,
+    }
+
+
+def step_line(plan: NaturalPlan, step: dict) -> str:
+    """A step's figures for the terminal: the combined ones, then the spread over the shards."""
+    m, c, servers = step["measured"], step["computed"], step["servers"]
+    line = (f"budget {step['budget_tokens']:,} tokens x {servers} server(s) at {step['rate_per_server']:g} req/s "
+            f"each: hit ratio {_fmt(m['hit_ratio'])} measured ({m['hit_source']}), "
+            f"{_fmt(c['window_hit_ratio'])} computed for its window ({c['hit_ratio']:.4f} for the whole log), "
+            f"p99 {_fmt(m['p99_ms'], '.1f')} ms: " + ("meets the SLO" if step["passed"] else "; ".join(step["breaches"])))
+    if servers > 1:
+        ratio, p99 = step["spread"]["curve_ratio"], step["spread"]["measured_p99_ms"]
+        line += (f"\n  shards measured {step['shards_measured']} of {servers}"
+                 + ("" if step["shards_measured"] == servers else " (the others are assumed alike)")
+                 + f"; curve ratio over all {servers} shards {ratio['min']:.4f}..{ratio['max']:.4f}"
+                 + (f"; measured p99 {p99['min']:.1f}..{p99['max']:.1f} ms (worst judged)" if p99 else ""))
+    if step["failed"]["requests"]:
+        line += (f"\n  {step['failed']['requests']} requests failed, {step['failed']['keys_replaced']} keys replaced "
+                 "(the window's curve figure counts that loss)")
+    return line
 
 
 def plan_capacity(plan: NaturalPlan, run: StepRunner = run_natural_step,
@@ -179,42 +275,33 @@ def plan_capacity(plan: NaturalPlan, run: StepRunner = run_natural_step,
     computed = curves(plan)
     kinds = visit_kinds(plan)
     say(accounts_line(kinds["log"]))
-    budgets = list(plan.budgets) or pick_budgets(computed[1], plan.curve_ratios)
+    budgets = list(plan.budgets) or pick_budgets(computed[1][0], plan.curve_ratios)
     if not budgets:
         raise ConfigError(f"--store {plan.store}: its curve reaches none of the ratios {plan.curve_ratios}")
     steps, answer = [], None
     for budget in sorted(budgets):
         for servers in range(1, plan.max_servers + 1):
-            predicted = computed[servers].ratio(budget)
-            step = judge(run(plan, budget, servers), plan.slo)
-            m = step.measurement
-            steps.append({
-                "budget_tokens": budget, "servers": servers, "rate_per_server": plan.request_rate / servers,
-                "computed": {"hit_ratio": predicted,
-                             "window_hit_ratio": window_ratio(plan, computed, budget, servers, m.report_dir)},
-                "measured": {"hit_ratio": m.achieved_ratio, "hit_source": m.hit_source, "p99_ms": m.p99_ms,
-                             "p50_ms": m.p50_ms, "latency_basis": m.latency_basis, "error_ratio": m.error_ratio,
-                             "throughput_rps": m.throughput_rps, "requests": m.requests},
-                "passed": step.passed, "breaches": list(step.breaches), "report_dir": m.report_dir,
-            })
-            say(f"budget {budget:,} tokens x {servers} server(s) at {plan.request_rate / servers:g} req/s each: "
-                f"hit ratio {_fmt(m.achieved_ratio)} measured ({m.hit_source}), "
-                f"{_fmt(steps[-1]['computed']['window_hit_ratio'])} computed for its window ({predicted:.4f} for the whole log), "
-                f"p99 {_fmt(m.p99_ms, '.1f')} ms: " + ("meets the SLO" if step.passed else "; ".join(step.breaches)))
-            if step.passed:
-                answer = {"budget_tokens": budget, "servers": servers, "total_tokens": budget * servers}
+            step = measure_shards(plan, run, computed[servers], budget)
+            steps.append(step)
+            say(step_line(plan, step))
+            if step["passed"]:
+                answer = {"budget_tokens": budget, "servers": servers, "total_tokens": budget * servers,
+                          "shards_measured": step["shards_measured"]}
                 break
         if answer:
             break
     return {
         "slo": asdict(plan.slo), "request_rate": plan.request_rate, "store": plan.store,
+        "shards_measured": plan.shards_measured or None,
         "curve": {"computed": True, "budgets_picked_from_ratios": None if plan.budgets else list(plan.curve_ratios),
-                  "servers": {n: {"all_fit_tokens": c.all_fit_tokens, "max_ratio": c.max_ratio,
-                                  "requests": c.requests} for n, c in computed.items()},
+                  "servers": {n: [{"shard": i, "all_fit_tokens": c.all_fit_tokens, "max_ratio": c.max_ratio,
+                                   "requests": c.requests} for i, c in enumerate(cs)] for n, cs in computed.items()},
                   "visit_kinds": kinds},
         "steps": steps, "answer": answer,
         "labels": {"computed": "from the one-pass curve of the store's natural replay, no server involved",
-                   "measured": "from a real natural-replay run: the server's own hit counters, the run's latency"},
+                   "measured": "from a real natural-replay run: the server's own hit counters, the run's latency; "
+                               "with n servers, each shard against its own fresh target in turn, the worst "
+                               "shard's p99 and error ratio, the shards' throughput added up"},
     }
 
 
@@ -223,6 +310,10 @@ def _fmt(value: float | None, spec: str = ".4f") -> str:
 
 
 def write_result(result: dict, out_dir: Path) -> Path:
+    """capacity_natural.json, and its page beside it."""
+    from hstu_replay.report.capacity_natural import HTML_NAME, render_html
+
     path = out_dir / RESULT_JSON
     path.write_text(json.dumps(result, indent=2))
+    (out_dir / HTML_NAME).write_text(render_html(result))
     return path

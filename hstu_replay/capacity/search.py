@@ -41,6 +41,7 @@ class Measurement:
     error_ratio: float | None = None
     achieved_ratio: float | None = None
     hit_source: str | None = None  # observed (server-reported) or predicted (client model)
+    history_tokens: int | None = None  # history tokens of the measured requests: the hit ratio's weight
     primes_per_request: float | None = None  # priming requests the server also served, per measured one
     server_rps: float | None = None  # measured plus priming requests per second: the server's whole work
     client_cpu_ms_per_request: float | None = None  # load-generator CPU per measured request (primes in it)

@@ -74,6 +74,10 @@ def write_final_report(environment) -> dict:
         print(f"hstu-replay: natural replay: emergent hit ratio {natural['hit_ratio']:.4f} "
               f"({natural['hit_source']}) over {natural['requests']} measured requests", flush=True)
         print(f"hstu-replay: natural replay: {accounts_line(natural['visit_kinds'])}", flush=True)
+        failed = natural["failed"]
+        if failed["requests"]:
+            print(f"hstu-replay: natural replay: {failed['requests']} requests failed; {failed['keys_replaced']} "
+                  "keys replaced (those users continue on fresh keys)", flush=True)
     lost = sum(s["hits_lost"] for s in report["stages"])
     if lost:
         print(f"hstu-replay: warning: {lost} requests found less cached than predicted "

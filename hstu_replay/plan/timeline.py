@@ -13,7 +13,7 @@ chosen: it is whatever the server's cache holds when a user comes back.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -127,6 +127,31 @@ def shard_trace(trace: Trace, index: int, count: int, stride: int = 1) -> Trace:
     if count <= 1:
         return trace
     return trace.select((trace.users // stride) % count == index, (trace.skipped_users // stride) % count == index)
+
+
+def after_failures(trace: Trace, failed: np.ndarray) -> Trace:
+    """The trace as a run that lost the visits where `failed` is true replays it: those visits
+    got no answer (nothing cached, nothing counted) and each of their users continues on a fresh
+    key at its next visit (`TimelineSource.settle`), so that visit hits nothing."""
+    failed = np.asarray(failed, dtype=bool)
+    if not failed.any():
+        return trace
+    lost = np.zeros(len(trace), dtype=np.int64)  # failures of the visit's user before it
+    for u in np.unique(trace.users[failed]):
+        mine = np.flatnonzero(trace.users == u)
+        lost[mine] = np.cumsum(failed[mine]) - failed[mine]
+    epoch = trace.epoch + lost * (int(trace.epoch.max()) + 1)  # one new epoch per (epoch, failures) pair
+    return replace(trace, epoch=epoch).select(~failed, np.ones(len(trace.skipped_users), dtype=bool))
+
+
+def visits_mask(trace: Trace, user_ids: np.ndarray, visits) -> np.ndarray:
+    """The visits of `trace` named by (user id, visit time in ms) pairs, as a mask;
+    `user_ids`: the store's user ids, by store index."""
+    mask = np.zeros(len(trace), dtype=bool)
+    for user_id, time_ms in visits:
+        u = int(np.searchsorted(user_ids, int(user_id)))
+        mask |= (trace.users == u) & (trace.times_ms == int(time_ms))
+    return mask
 
 
 class Timeline:
@@ -257,6 +282,7 @@ class TimelineSource:
 
 
 _SENT = re.compile(r"items (\d+) (" + "|".join(KINDS) + r")\b")
+_VISIT = re.compile(r"user (-?\d+) visit at (-?\d+) ms")
 _SKIPPED = re.compile(r"skipped (\d+) visits (\d+) tokens")
 
 
@@ -270,3 +296,8 @@ def label_accounts(label: str) -> VisitAccounts:
         visits[KINDS.index("skipped")] += int(n)
         tokens[KINDS.index("skipped")] += int(skipped_tokens)
     return VisitAccounts(tuple(visits), tuple(tokens))
+
+
+def label_visits(label: str) -> list[tuple[int, int]]:
+    """The (user id, visit time in ms) of each visit a request's label names."""
+    return [(int(u), int(t)) for u, t in _VISIT.findall(label)]

@@ -12,7 +12,7 @@ import io
 from pathlib import Path
 
 from hstu_replay.plan.over_limit import ACCOUNTS_HEADER, HistoryPolicy, VisitAccounts, accounts_rows
-from hstu_replay.plan.timeline import label_accounts
+from hstu_replay.plan.timeline import label_accounts, label_visits
 from hstu_replay.report.kit import cell, escape, table
 from hstu_replay.stats.histogram import LatencyHistogram
 
@@ -47,6 +47,14 @@ def visit_kinds(records: list[dict], policy: HistoryPolicy) -> dict:
     return total.to_dict(policy)
 
 
+def failures(records: list[dict]) -> dict:
+    """Requests that got no answer, and their visits: each visit's user continues on a fresh key
+    (its key is replaced), so the curve of the window is recomputed without what those keys held."""
+    failed = [r for r in records if not r["ok"]]
+    visits = [list(v) for r in failed for v in label_visits(r["label"])]
+    return {"requests": len(failed), "keys_replaced": len(visits), "visits": visits}
+
+
 def natural_section(records: list[dict], policy: HistoryPolicy = HistoryPolicy()) -> dict:
     """Measured requests that got an answer: their emergent ratios, latency by ratio, over time;
     and every visit of the requests sent (answered or not) by kind under the `--over-limit` policy."""
@@ -73,7 +81,7 @@ def natural_section(records: list[dict], policy: HistoryPolicy = HistoryPolicy()
     return {"hit_source": sources[0] if len(sources) == 1 else "mixed" if sources else None,
             **_latency(measured), "warmup_requests": len(sent) - len(measured),
             "by_ratio": by_ratio, "over_time": over_time, "requests_csv": NATURAL_CSV,
-            "visit_kinds": visit_kinds(tried, policy),
+            "visit_kinds": visit_kinds(tried, policy), "failed": failures(tried),
             "measured_visit_kinds": visit_kinds([r for r in tried if r["kind"] == "measure"], policy)}
 
 
@@ -90,7 +98,15 @@ def natural_html(section: dict) -> tuple[str, ...]:
               ([f"{w['from_s']:.0f}-{w['to_s']:.0f}", "yes" if w["warmup"] else "", *(cell(w[k]) for k in keys)]
                for w in section["over_time"]), text_cols=2),
         *_kinds_html(section),
+        *_failed_html(section.get("failed")),
     )
+
+
+def _failed_html(failed: dict | None) -> tuple[str, ...]:
+    if not failed or not failed["requests"]:
+        return ()
+    return (f"<p>{escape(failed['requests'])} requests failed; {escape(failed['keys_replaced'])} keys replaced: "
+            "those users continue on fresh keys, their next visit hitting nothing.</p>",)
 
 
 def _kinds_html(section: dict) -> tuple[str, ...]:

@@ -35,7 +35,8 @@ def test_the_smallest_budget_meeting_the_slo_with_computed_and_measured_figures(
     assert curve.ratio(smallest) >= 0.5 > curve.ratio(smallest - 32)  # picked where the curve reaches 0.5
     (step,) = result["steps"]  # the smallest budget already meets a loose SLO: nothing larger is run
     assert step["budget_tokens"] == smallest and step["passed"]
-    assert result["answer"] == {"budget_tokens": smallest, "servers": 1, "total_tokens": smallest}
+    assert result["answer"] == {"budget_tokens": smallest, "servers": 1, "total_tokens": smallest,
+                                "shards_measured": 1}
     assert step["computed"]["hit_ratio"] == curve.ratio(smallest)
     assert step["measured"]["hit_source"] == "observed"
     assert step["measured"]["hit_ratio"] == pytest.approx(step["computed"]["window_hit_ratio"], abs=0.02)
@@ -43,7 +44,7 @@ def test_the_smallest_budget_meeting_the_slo_with_computed_and_measured_figures(
     kinds = result["curve"]["visit_kinds"]  # the default --over-limit skip, every visit of the log counted
     assert kinds["log"]["over_limit"] == "skip" and kinds["log"]["visits"] == len(trace) + len(trace.skipped_users)
     assert kinds["log"]["kinds"]["skipped"]["visits"] == len(trace.skipped_users) > 0
-    assert kinds["servers"]["1"] == kinds["log"] and "over the limit: skip;" in proc.stdout
+    assert kinds["servers"]["1"] == [kinds["log"]] and "over the limit: skip;" in proc.stdout
     assert f"{smallest:,} tokens per server x 1 server(s)" in proc.stdout
 
     proc = _natural(*common, "--slo-p99-ms", "0.001", "--budgets", "1000", "--max-servers", "2",
@@ -53,6 +54,18 @@ def test_the_smallest_budget_meeting_the_slo_with_computed_and_measured_figures(
     assert [(s["budget_tokens"], s["servers"], s["passed"]) for s in result["steps"]] == [(1000, 1, False),
                                                                                           (1000, 2, False)]
     assert result["answer"] is None and "no budget measured meets" in proc.stderr
+    two = result["steps"][1]  # with 2 servers every shard is measured, each against its own target
+    assert two["shards_measured"] == 2 and [s["shard"] for s in two["shards"]] == [0, 1]
+    assert len({s["report_dir"] for s in two["shards"]}) == 2
+    assert two["measured"]["p99_ms"] == max(s["measured"]["p99_ms"] for s in two["shards"])  # the worst shard
+    assert two["measured"]["throughput_rps"] == pytest.approx(sum(s["measured"]["throughput_rps"]
+                                                                  for s in two["shards"]))
+    for shard in two["shards"]:  # each shard's measured ratio is its own window's curve figure
+        assert shard["measured"]["hit_ratio"] == pytest.approx(shard["computed"]["window_hit_ratio"], abs=0.02)
+    assert two["spread"]["curve_ratio"]["shards"] == 2 and two["spread"]["measured_p99_ms"]["shards"] == 2
+    assert "shards measured 2 of 2; curve ratio over all 2 shards" in proc.stdout
+    page = (tmp_path / "b" / "capacity_natural.html").read_text()
+    assert "Each shard" in page and "2 of 2" in page
 
 
 def test_bad_options_are_one_line(tmp_path, long_store):

@@ -127,3 +127,58 @@ def test_shards_keep_the_whole_logs_clock():
     timeline = Timeline(store, second, group_requests(second, 0, 1), 1, Limits(), time_scale=10.0,
                         start_ms=int(whole.times_ms[0]))
     assert timeline.send_at_s(0) == 3.0  # 30 s after the whole log's first visit, not 0
+
+
+class _Store(_Times):
+    """A store with whole histories: user u has id 100 + u, items 10 x its event index."""
+
+    def __init__(self, *users: list[int]):
+        super().__init__(*users)
+        self.user_ids = np.arange(len(users), dtype=np.int64) + 100
+
+    def user(self, u: int):
+        from hstu_replay.data.store import UserHistory
+
+        n = int(self.offsets[u + 1] - self.offsets[u])
+        return UserHistory(user_id=100 + u, context=(0, 0, 0, 0, 0), video_ids=np.arange(n, dtype=np.int64) * 10,
+                           actions=np.ones(n, dtype=np.int64),
+                           times_ms=self.times_ms[self.offsets[u]:self.offsets[u + 1]])
+
+
+def test_a_failed_requests_user_continues_on_a_fresh_key():
+    from hstu_replay.plan.keys import KeyAllocator
+    from hstu_replay.plan.timeline import Timeline, TimelineSource
+
+    store = _Store([0, 70_000, 140_000, 210_000], [0, 100_000])
+    trace = build_trace(store, candidates=1, limits=Limits(), batch_size=1)
+    assert trace.users.tolist() == [0, 1, 0, 0] and trace.tokens.tolist() == [8, 8, 10, 12]
+    source = TimelineSource(Timeline(store, trace, group_requests(trace, 0, 1), 1, Limits()),
+                            KeyAllocator(0, 0, nonce=1))
+    steps = []
+    for ok in (True, True, False, True):
+        step = source.next_step(0.0, 1)
+        steps.append((step, source.settle(step, ok)))
+    (first, _), _, (failed, retired), (after, _) = steps
+    key = int(first.request.users()[0].key)
+    assert int(failed.request.users()[0].key) == key and failed.expected_hits == (8,)  # warm: extends 8 tokens
+    assert retired == [key]  # the failure leaves the key's server state unknown: it is given up
+    assert int(after.request.users()[0].key) != key and after.expected_hits == (0,)  # a fresh key hits nothing
+    assert "user 100 visit at 140000 ms items 2 warm" in failed.label
+
+
+def test_the_curve_after_a_failure_loses_what_the_replaced_key_held():
+    from hstu_replay.plan.cache_curve import cache_curve
+    from hstu_replay.plan.timeline import after_failures, label_visits, visits_mask
+
+    store = _Store([0, 70_000, 140_000, 210_000], [0, 100_000])
+    trace = build_trace(store, candidates=1, limits=Limits(), batch_size=1)
+    whole = cache_curve(trace.cache_keys, trace.tokens, group_requests(trace, 0, 1))
+    assert (whole.hit_tokens(10_000), whole.total_tokens) == (8 + 10, 38)  # user 0's 2nd and 3rd visits hit
+    failed = visits_mask(trace, store.user_ids, label_visits("user 100 visit at 140000 ms items 2 warm"))
+    assert failed.tolist() == [False, False, True, False]
+    lost = after_failures(trace, failed)
+    assert lost.users.tolist() == [0, 1, 0] and lost.tokens.tolist() == [8, 8, 12]
+    assert lost.cache_keys[2] != lost.cache_keys[0]  # the visit after the failure: a fresh key
+    curve = cache_curve(lost.cache_keys, lost.tokens, group_requests(lost, 0, 1))
+    assert (curve.hit_tokens(10_000), curve.total_tokens) == (0, 28)  # the failed visit is out, the next one cold
+    assert after_failures(trace, np.zeros(4, dtype=bool)) is trace
