@@ -30,5 +30,7 @@ def test_the_section_counts_every_visit_of_the_requests_sent():
     assert kinds["kinds"]["skipped"]["token_share"] == pytest.approx(28 / 88)
     assert section["measured_visit_kinds"]["visits"] == 6  # the warm-up's cold visit left out
     assert section["requests"] == 2  # answered measured requests, as before
+    assert section["failed"] == {"requests": 1, "keys_replaced": 1, "visits": [[7, 300]]}  # user 7 goes on afresh
     page = "".join(natural_html(section))
     assert "--over-limit rebase" in page and "rebased" in page and "31.8%" in page
+    assert "1 requests failed; 1 keys replaced" in page
