@@ -8,6 +8,7 @@ virtual user's cache keys), primes included in send order.
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 
@@ -148,6 +149,9 @@ def _cache_curve(args: argparse.Namespace) -> int:
     print(f"{args.store}: {info['visits']:,} visits of {info['users']:,} users in {curve.requests:,} requests, "
           f"{curve.total_tokens:,} history tokens; curve computed in {info['seconds']:.2f} s")
     print(accounts_line(info["visit_kinds"]))
+    span_h = info["span_ms"] / 3_600_000
+    print(f"log span {span_h / 24:.2f} days (first to last replayed visit): a replay at --time-scale 144 takes "
+          f"{span_h / 144:.2f} h (--stage-seconds {math.ceil(span_h * 3600 / 144)})")
     print(f"every return hits from {curve.all_fit_tokens:,} tokens (ratio {curve.max_ratio:.4f}); "
           f"exact from {curve.exact_from_tokens:,} tokens (the largest request)")
     for b in summary["budgets"]:
