@@ -12,7 +12,10 @@ from tests.conftest import run_locust
 pytestmark = pytest.mark.integration
 PROTOCOLS = ["grpc", "http"]
 SWEEP = ("-u", "2", "-r", "2", "--workload", "dumps", "--hit-ratios", "0,1.0", "--batch-sizes", "4",
-         "--stage-seconds", "3", "--warmup-seconds", "0", "--max-history", "256")
+         "--stage-seconds", "3", "--warmup-seconds", "0", "--max-history", "256",
+         # what these runs check is TLS, the header and verification: a stage left thin or client-bound by a
+         # busy 2-core machine is not their failure (tests/report/test_flags.py checks those flags)
+         "--min-stage-requests", "1", "--max-loop-lag-ms", "60000")
 
 
 def _args(secure: SecureServer, protocol: str, reference_dumps, ca: str | None, headers: dict[str, str],
