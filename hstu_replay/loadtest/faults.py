@@ -24,6 +24,7 @@ from hstu_replay.report.workers import joined, loss
 
 LOST_EXIT_CODE = 4  # the run lost its master (at a worker) or every worker (at a master)
 CHECK_INTERVAL_S = 0.25
+RESUME_GRACE_S = 2.0  # after its own loop stalled, a worker reads queued heartbeats (one comes each second)
 DEFAULT_MASTER_TIMEOUT_S = 5.0
 GOING = (STATE_SPAWNING, STATE_RUNNING)
 
@@ -44,18 +45,39 @@ def master_timeout(options) -> float:
 def watch_master(environment) -> gevent.Greenlet:
     """At a worker: a greenlet that ends the process once its master has been silent longer than
     --master-timeout (armed by the master's first heartbeat; bounded by that timeout plus one
-    check interval)."""
+    check interval, or RESUME_GRACE_S after a stall of this process's own loop)."""
     runner = environment.runner
 
     def watch():
+        awake = Stall()
         while True:
             gevent.sleep(CHECK_INTERVAL_S)
+            awake.check()
             timeout = master_timeout(environment.parsed_options)
             last = runner.last_heartbeat_timestamp
-            if last is not None and time.time() - last > timeout:
-                return master_lost(environment, time.time() - last, timeout)
+            now = time.time()
+            if last is not None and now - last > timeout and now - awake.busy_until > RESUME_GRACE_S:
+                return master_lost(environment, now - last, timeout)
 
     return gevent.spawn(watch)
+
+
+class Stall:
+    """When this process's own work last held its event loop (preparing a run, a slow callback):
+    the master's heartbeats then wait unread, so its silence is not the master's. A process that
+    was not running at all (stopped, its machine suspended) used no CPU meanwhile: the master's
+    silence then counts, as after a cut network."""
+
+    def __init__(self):
+        self.wall, self.cpu = time.time(), time.process_time()
+        self.busy_until = 0.0
+
+    def check(self) -> None:
+        wall, cpu = time.time(), time.process_time()
+        gap = wall - self.wall
+        if gap > CHECK_INTERVAL_S + 0.5 and cpu - self.cpu >= gap / 2:
+            self.busy_until = wall
+        self.wall, self.cpu = wall, cpu
 
 
 def master_lost(environment, silent_s: float, timeout_s: float) -> None:
@@ -82,6 +104,7 @@ class WorkerAccount:
         self.users: dict[str, int] = {}  # client id -> users in its last report
         self.received: dict[str, int] = {}  # client id -> measured requests merged from it
         self.running: set[str] = set()  # workers that ran in this run, not lost
+        self.lost: set[str] = set()
         self.losses: list[tuple[str, float]] = []  # (client id, wall time last seen), in order
         self.joins: list[dict] = []
         self.ended_run = False
@@ -120,12 +143,13 @@ class WorkerAccount:
             return
         going = runner.state in GOING
         for client_id, node in list(runner.clients.items()):
-            if going and node.state in GOING:
+            if going and node.state in GOING and client_id not in self.lost:
                 self.running.add(client_id)
         for client_id in sorted(self.running):
             node = runner.clients.get(client_id)
             if (node is not None and node.state == STATE_MISSING) or (node is None and going):
                 self.running.discard(client_id)
+                self.lost.add(client_id)
                 self.losses.append((client_id, self.last_seen.get(client_id, math.nan)))
                 _say(f"warning: lost worker {runner.get_worker_index(client_id)} ({client_id})")
         if self.losses and not self.running and runner.worker_count == 0 and not self.ended_run:

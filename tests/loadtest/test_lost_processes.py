@@ -136,7 +136,11 @@ def test_workers_of_a_killed_master_stop_within_the_timeout(oracle_servers, samp
         tmp_path, [*sweep_args(oracle, sample_store, stage_seconds=20), "--master-timeout", str(MASTER_TIMEOUT_S)])
     try:
         wait_for(tmp_path / "master.log", "Shape test starting")
-        time.sleep(3)
+        deadline = time.monotonic() + 60
+        while len([p for p in report_dir.glob("records-worker*.jsonl") if p.stat().st_size]) < 2:
+            assert time.monotonic() < deadline, "the workers never sent"
+            time.sleep(0.2)
+        time.sleep(2)
         master.send_signal(signal.SIGKILL)
         killed_at = time.time()
         codes = [w.wait(MASTER_TIMEOUT_S + 20) for w in workers]
@@ -183,3 +187,25 @@ def test_a_stopped_worker_is_reported_lost(oracle_servers, sample_store, tmp_pat
     assert all("worker-lost" in b["flags"] for b in report["bins"])
     worker_log = (tmp_path / "worker1.log").read_text()
     assert "no heartbeat from the master" in worker_log, worker_log[-2000:]  # it stopped itself once resumed
+
+
+def test_a_master_that_loses_every_worker_ends_with_its_report(oracle_servers, sample_store, tmp_path):
+    oracle = oracle_servers(cached_tokens=True)
+    ended = []
+
+    def kill_both_workers(master_log, workers):
+        wait_for(master_log, "Shape test starting")
+        time.sleep(3)
+        for w in workers:
+            w.send_signal(signal.SIGKILL)
+        ended.append(time.monotonic())
+
+    code, report_dir, log = run_distributed(tmp_path, *sweep_args(oracle, sample_store, stage_seconds=20),
+                                            during=kill_both_workers)
+    waited = time.monotonic() - ended[0]
+    print(f"\n== the master ended {waited:.1f} s after losing its last worker")
+    assert code == LOST_EXIT_CODE, log[-3000:]
+    assert waited < 15  # not the sweep's 41 s
+    report = json.loads((report_dir / "report.json").read_text())
+    assert len(report["workers_lost"]) == 2 and report["run"]["workers_end"] == 0
+    assert "every worker was lost" in log
