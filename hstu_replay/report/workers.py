@@ -37,7 +37,7 @@ def with_workers(report: dict, losses: list[dict], joins: list[dict], workers_en
     bins = {b["name"]: b for b in report["bins"]}
     for stage in report["stages"]:
         for lost in (x for x in losses if stage["name"] in x["stages"]):
-            stage["flags"].append({"flag": WORKER_LOST, "reason": f"worker {lost['index']} lost at "
+            stage["flags"].append({"flag": WORKER_LOST, "reason": f"worker {lost['index']} lost "
                                    f"{_at(lost['lost_at_s'])}: users {lost['users_before']} -> {lost['users_after']}"})
             if stage["name"] in bins and WORKER_LOST not in bins[stage["name"]]["flags"]:
                 bins[stage["name"]]["flags"].append(WORKER_LOST)
@@ -45,7 +45,7 @@ def with_workers(report: dict, losses: list[dict], joins: list[dict], workers_en
 
 
 def _at(seconds: float | None) -> str:
-    return "before the sweep" if seconds is None else f"{seconds:.1f} s"
+    return "before the sweep" if seconds is None else f"at {seconds:.1f} s"
 
 
 def _unreceived(x: dict) -> str:
@@ -56,11 +56,11 @@ def _unreceived(x: dict) -> str:
 
 def loss_lines(report: dict) -> list[str]:
     """One line per lost or joined worker (the terminal's and the page's words)."""
-    lines = [f"worker {x['index']} ({x['client_id']}) lost at {_at(x['lost_at_s'])}"
+    lines = [f"worker {x['index']} ({x['client_id']}) lost {_at(x['lost_at_s'])}"
              + (f" in stage {x['stage']}" if x["stage"] else "")
              + f", holding {x['users']} users (users {x['users_before']} -> {x['users_after']}); {_unreceived(x)}"
              for x in report.get("workers_lost", ())]
-    lines += [f"worker {x['index']} ({x['client_id']}) joined at {_at(x['joined_at_s'])}"
+    lines += [f"worker {x['index']} ({x['client_id']}) joined {_at(x['joined_at_s'])}"
               + (f" in stage {x['stage']}" if x["stage"] else "") + ": its users started with an empty cache"
               for x in report.get("workers_joined", ())]
     return lines
