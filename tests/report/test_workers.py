@@ -60,3 +60,11 @@ def test_max_workers_lost_fails_the_run_beyond_its_count():
     assert parse_thresholds().empty and not parse_thresholds(max_workers_lost=0).empty
     with pytest.raises(ConfigError, match="--max-workers-lost"):
         parse_thresholds(max_workers_lost=-2)
+
+
+def test_the_web_ui_tab_says_which_worker_was_lost():
+    from hstu_replay.loadtest.webui import charts_fragment
+
+    lost = loss(1, "h<1>", 6.0, "b2_h0.90", 2, 4, ["b2_h0.90"], sent=None, received=0)
+    fragment = charts_fragment(with_workers(two_stage_report(), [lost], [], workers_end=1))
+    assert "worker 1 (h&lt;1&gt;) lost at 6.0 s in stage b2_h0.90" in fragment
