@@ -11,13 +11,14 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from hstu_replay.loadtest.faults import LOST_EXIT_CODE
 from hstu_replay.loadtest.records import read_records
-from hstu_replay.plan.keys import _COUNTER_BITS, _OWNER_BITS, MAX_USERS_PER_WORKER
+from hstu_replay.plan.keys import key_owner
 from tests.conftest import ROOT, free_ports, locust_command, run_distributed
 
 pytestmark = pytest.mark.integration
@@ -29,10 +30,6 @@ def sweep_args(oracle, store: Path, stage_seconds: float = 4) -> list[str]:
     return ["--triton-url", oracle.grpc_url, "--workload", "sessions", "--store", str(store), "--hit-ratios", "0,0.9",
             "--batch-sizes", "2", "--stage-seconds", str(stage_seconds), "--warmup-seconds", "0.5",
             "--max-history", "256", "--verify-fraction", "0"]
-
-
-def worker_of(key: int) -> int:
-    return ((key >> _COUNTER_BITS) & ((1 << _OWNER_BITS) - 1)) // MAX_USERS_PER_WORKER
 
 
 def last_request_by_worker(seen: list[dict], keys: dict[int, set[int]]) -> dict[int, float]:
@@ -50,7 +47,7 @@ def keys_by_worker(seen: list[dict], run_keys: set[int]) -> dict[int, set[int]]:
     for r in seen:
         for k in r["keys"]:
             if k in run_keys:
-                out.setdefault(worker_of(k), set()).add(k)
+                out.setdefault(key_owner(k)[0], set()).add(k)
     return out
 
 
@@ -74,20 +71,30 @@ def wait_for(log: Path, text: str, timeout: float = 90) -> None:
         time.sleep(0.2)
 
 
+def once_running(seconds: float, act: Callable[[list[subprocess.Popen]], None]):
+    """A `during` for run_distributed: `act(workers)` `seconds` after the master started the test."""
+
+    def during(master_log: Path, workers: list[subprocess.Popen]) -> None:
+        wait_for(master_log, "Shape test starting")
+        time.sleep(seconds)
+        act(workers)
+
+    return during
+
+
 def test_a_killed_worker_is_named_and_fails_the_threshold(oracle_servers, sample_store, tmp_path):
     oracle = oracle_servers(cached_tokens=True)
     start = len(oracle.records())
     killed_at, killed = [], []
 
-    def kill_second_worker(master_log, workers):
-        wait_for(master_log, "Shape test starting")
-        time.sleep(3)  # inside the first stage's measured window (0.5 s warm-up + 4 s)
+    def kill_second_worker(workers):
         workers[1].send_signal(signal.SIGKILL)
         killed_at.append(time.time())
         killed.append(workers[1])
 
+    # 3 s in: inside the first stage's measured window (0.5 s warm-up + 4 s)
     code, report_dir, log = run_distributed(tmp_path, *sweep_args(oracle, sample_store), "--max-workers-lost", "0",
-                                            during=kill_second_worker)
+                                            during=once_running(3, kill_second_worker))
     assert code == 3, log[-3000:]  # the threshold: more workers lost than allowed
     report = json.loads((report_dir / "report.json").read_text())
     (lost,) = report["workers_lost"]
@@ -165,25 +172,24 @@ def test_a_stopped_worker_is_reported_lost(oracle_servers, sample_store, tmp_pat
     oracle = oracle_servers(cached_tokens=True)
     stopped = []
 
-    def pause_second_worker(master_log, workers):
-        wait_for(master_log, "Shape test starting")
-        time.sleep(2)
+    def pause_second_worker(workers):
         workers[1].send_signal(signal.SIGSTOP)  # its network, as the master sees it, is cut
         stopped.append(workers[1])
-        wait_for(master_log, "failed to send heartbeat, setting state to missing", timeout=15)
+        wait_for(tmp_path / "master.log", "failed to send heartbeat, setting state to missing", timeout=15)
         time.sleep(1)
         workers[1].send_signal(signal.SIGCONT)
 
     try:
         code, report_dir, log = run_distributed(tmp_path, *sweep_args(oracle, sample_store), "--master-timeout",
-                                                str(MASTER_TIMEOUT_S), during=pause_second_worker)
+                                                str(MASTER_TIMEOUT_S), during=once_running(2, pause_second_worker))
     finally:
         for p in stopped:
             p.send_signal(signal.SIGCONT)
     assert code == 0, log[-3000:]  # no threshold set: said, flagged, not failed
     report = json.loads((report_dir / "report.json").read_text())
     (lost,) = report["workers_lost"]
-    assert lost["index"] == index_of(report_dir, stopped[0]) and lost["users"] == 2 and lost["measured_sent"] is not None, lost
+    assert lost["index"] == index_of(report_dir, stopped[0]) and lost["users"] == 2, lost
+    assert lost["measured_sent"] is not None, lost
     assert all("worker-lost" in b["flags"] for b in report["bins"])
     worker_log = (tmp_path / "worker1.log").read_text()
     assert "no heartbeat from the master" in worker_log, worker_log[-2000:]  # it stopped itself once resumed
@@ -193,15 +199,13 @@ def test_a_master_that_loses_every_worker_ends_with_its_report(oracle_servers, s
     oracle = oracle_servers(cached_tokens=True)
     ended = []
 
-    def kill_both_workers(master_log, workers):
-        wait_for(master_log, "Shape test starting")
-        time.sleep(3)
+    def kill_both_workers(workers):
         for w in workers:
             w.send_signal(signal.SIGKILL)
         ended.append(time.monotonic())
 
     code, report_dir, log = run_distributed(tmp_path, *sweep_args(oracle, sample_store, stage_seconds=20),
-                                            during=kill_both_workers)
+                                            during=once_running(3, kill_both_workers))
     waited = time.monotonic() - ended[0]
     print(f"\n== the master ended {waited:.1f} s after losing its last worker")
     assert code == LOST_EXIT_CODE, log[-3000:]
