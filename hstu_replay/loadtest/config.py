@@ -218,6 +218,8 @@ class LoadTestConfig:
         cache = CacheConfig(v["cache_budget_tokens"], v["cache_page_tokens"])
         if v["min_stage_requests"] < 1 or v["max_loop_lag_ms"] <= 0:
             raise ConfigError("--min-stage-requests must be >= 1 and --max-loop-lag-ms > 0")
+        if v["master_timeout"] <= 0:
+            raise ConfigError(f"--master-timeout {v['master_timeout']}: give seconds > 0")
         protocol = _choice(TritonProtocol, "--triton-protocol", v["triton_protocol"],
                            f"--triton-protocol {v['triton_protocol']!r}: use {one_of(p.value for p in TritonProtocol)}")
         target = TargetConfig(v["triton_url"], protocol, v["triton_ssl"], v["triton_model"], v["triton_root_cert"],
@@ -228,7 +230,8 @@ class LoadTestConfig:
                                         loop_lag_bound_ms=v["max_loop_lag_ms"]),
             parse_thresholds(None if v["max_mismatches"] < 0 else v["max_mismatches"],
                              None if v["max_error_ratio"] < 0 else v["max_error_ratio"],
-                             v["max_p99_ms"], v["min_speedup"]))
+                             v["max_p99_ms"], v["min_speedup"],
+                             None if v["max_workers_lost"] < 0 else v["max_workers_lost"]))
         options = {name: value for name, value in v.items() if name not in SECRETS}
         return cls(target, data, cache, sweep, checks, report, options)
 

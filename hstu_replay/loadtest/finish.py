@@ -6,8 +6,10 @@ import sys
 from pathlib import Path
 
 from hstu_replay.plan.over_limit import accounts_line
-from hstu_replay.report.summary import build_report, flagged_stages, format_table, latency_table
+from hstu_replay.loadtest.faults import LOST_EXIT_CODE
+from hstu_replay.report.summary import build_report, flagged_stages, format_table, jsonable, latency_table
 from hstu_replay.report.thresholds import evaluate, verdict
+from hstu_replay.report.workers import loss_lines, with_workers
 from hstu_replay.report.writers import write_reports
 
 THRESHOLD_EXIT_CODE = 3
@@ -30,10 +32,15 @@ def run_metadata(environment) -> dict:
 
 
 def current_report(environment) -> dict:
-    run = environment.hstu.run
-    c = run.config
-    return build_report(run.stats, run_metadata(environment), run.server_stages, c.checks.tolerance,
-                        requested_rps=c.sweep.request_rate if c.sweep.arrival.open else None, rules=c.report.rules)
+    runtime = environment.hstu
+    run, c = runtime.run, runtime.run.config
+    report = build_report(run.stats, run_metadata(environment), run.server_stages, c.checks.tolerance,
+                          requested_rps=c.sweep.request_rate if c.sweep.arrival.open else None, rules=c.report.rules)
+    story = runtime.role.workers_story()
+    if story is not None:  # a master: the workers it lost or gained, and the stages a loss overlapped
+        losses, joins = story
+        with_workers(report, jsonable(losses), jsonable(joins), runtime.role.worker_count - len(losses) + len(joins))
+    return report
 
 
 def write_report(environment) -> dict:
@@ -82,6 +89,8 @@ def write_final_report(environment) -> dict:
     if lost:
         print(f"hstu-replay: warning: {lost} requests found less cached than predicted "
               "(server restarted, cache emptied or evicted beyond the capacity model)", file=sys.stderr, flush=True)
+    for line in loss_lines(report):
+        print(f"hstu-replay: warning: {line}", file=sys.stderr, flush=True)
     for stage in flagged_stages(report):
         reasons = "; ".join(f"{f['flag']}: {f['reason']}" for f in stage["flags"])
         print(f"hstu-replay: warning: stage {stage['name']} is not solid ({reasons})", file=sys.stderr, flush=True)
@@ -100,4 +109,7 @@ def write_final_report(environment) -> dict:
                   + (f" (+{len(outcome['violations']) - 1} more)" if len(outcome["violations"]) > 1 else ""),
                   file=sys.stderr, flush=True)
             environment.process_exit_code = THRESHOLD_EXIT_CODE
+    if report.get("workers_lost") and report["run"].get("workers_end") == 0 \
+            and environment.process_exit_code != THRESHOLD_EXIT_CODE:
+        environment.process_exit_code = LOST_EXIT_CODE  # every worker was lost: the run did not finish
     return report

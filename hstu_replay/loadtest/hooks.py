@@ -85,7 +85,7 @@ def _merge_statistics(environment, runtime: LoadTestRuntime) -> None:
 
     def worker_report(client_id, data, **_):
         if runtime.run is not None:
-            runtime.run.merge_worker_report(data)
+            runtime.role.worker_reported(client_id, data, runtime.run.merge_worker_report(data))
 
     environment.events.report_to_master.add_listener(report_to_master)
     environment.events.worker_report.add_listener(worker_report)

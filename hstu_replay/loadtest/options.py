@@ -106,6 +106,10 @@ OPTIONS: tuple[LoadOption, ...] = (
     LoadOption(_own("--max-error-ratio", -1.0, "Fail the run above this failure ratio (-1: off)"), CHECKS),
     LoadOption(_own("--max-p99-ms", "", "Fail if p99 exceeds: '250' or 'ratio:ms,...'"), CHECKS),
     LoadOption(_own("--min-speedup", "", "Fail if speed-up over 0% is below: 'ratio:x,...'"), CHECKS),
+    LoadOption(_own("--max-workers-lost", -1, "Fail a distributed run that loses more workers than this (-1: off; "
+                    "any threshold set also fails the stages a lost worker flagged)"), CHECKS),
+    LoadOption(_own("--master-timeout", 5.0, "A worker whose master is silent this many seconds stops its users "
+                    "and exits (set it on the master: workers take its value with each run)"), CHECKS),
     LoadOption(A.REPLAY_SEED.but(help="Seed of the user order"), DATA),
     LoadOption(_own("--min-stage-requests", 30, "A stage with fewer measured requests is flagged thin"), CHECKS),
     LoadOption(_own("--max-loop-lag-ms", 50.0, "A stage whose client event loop ran later than this (p99) is flagged "

@@ -3,9 +3,10 @@ are (LocalRunner, MasterRunner, WorkerRunner). `role_for` picks one from the run
 
 - `LocalRole`: one process does everything.
 - `MasterRole`: spawns nothing itself; tells its workers the sweep's clock, merges their
-  statistics, writes the report and follows the server's statistics.
+  statistics, keeps an account of workers lost or joined, writes the report and follows the
+  server's statistics.
 - `WorkerRole`: replays users and writes records; its statistics go to the master, and a
-  failure to prepare is reported there.
+  failure to prepare is reported there; a silent master makes it stop (loadtest.faults).
 """
 
 from __future__ import annotations
@@ -63,6 +64,13 @@ class Role:
         """Whether a headless start still waits for its workers (nothing ran yet)."""
         return False
 
+    def worker_reported(self, client_id: str, data: dict, measured: int) -> None:
+        """A worker's statistics arrived at the master (`measured`: its measured requests in them)."""
+
+    def workers_story(self) -> tuple[list[dict], list[dict]] | None:
+        """The workers lost and joined during the run (report.workers); None outside a master."""
+        return None
+
 
 class LocalRole(Role):
     name = "local"
@@ -74,13 +82,24 @@ class MasterRole(Role):
     replays = False
 
     def install(self, runtime) -> None:
+        from hstu_replay.loadtest.faults import WorkerAccount
+
         self.runner.register_message(WORKER_FAILED, lambda msg, **_: fail(self.environment, f"worker {msg.data}"))
+        self.workers = WorkerAccount(self.environment)
+        self.workers.install()
 
     def test_starting(self, options) -> None:
         # Custom attributes of parsed_options travel to the workers with the spawn message.
         options.hstu_worker_count = max(self.runner.worker_count, 1)
         options.hstu_total_users = options.num_users
         self.worker_count = options.hstu_worker_count
+        self.workers.reset()
+
+    def worker_reported(self, client_id: str, data: dict, measured: int) -> None:
+        self.workers.reported(client_id, data, measured)
+
+    def workers_story(self) -> tuple[list[dict], list[dict]]:
+        return self.workers.story()
 
     def sweep_started(self, run) -> None:
         self.runner.send_message(SWEEP_CLOCK, run.clock.elapsed_s())  # workers that join late get it too
@@ -97,11 +116,14 @@ class WorkerRole(Role):
     reads_own_options = False
 
     def install(self, runtime) -> None:
+        from hstu_replay.loadtest.faults import watch_master
+
         def sweep_clock(msg, **_):
             if runtime.run is not None:
                 runtime.run.clock.start(elapsed_s=float(msg.data))
 
         self.runner.register_message(SWEEP_CLOCK, sweep_clock)
+        watch_master(self.environment)  # a silent master stops this worker within --master-timeout
 
     def test_starting(self, options) -> None:
         self.worker_index = self.runner.worker_index

@@ -65,12 +65,16 @@ class ActiveRun:
             data["hstu_rows"] = self.rows.take()
         return data
 
-    def merge_worker_report(self, data: dict) -> None:
-        """At the master: a worker's report added to the run's figures."""
+    def merge_worker_report(self, data: dict) -> int:
+        """At the master: a worker's report added to the run's figures; the measured requests it carried."""
+        measured = 0
         if "hstu" in data:
-            self.stats.merge(RunStats.from_dict(data["hstu"]))
+            stats = RunStats.from_dict(data["hstu"])
+            measured = sum(s.requests for s in stats.bins.values())
+            self.stats.merge(stats)
         if "hstu_rows" in data and self.rows is not None:
             self.rows.merge(data["hstu_rows"])
+        return measured
 
     def new_user_index(self) -> int:
         return next(self._users)

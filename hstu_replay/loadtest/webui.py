@@ -15,7 +15,9 @@ from pathlib import Path
 from flask import Response, request
 
 from hstu_replay.report.html import source_label
+from hstu_replay.report.kit import escape
 from hstu_replay.report.summary import goal_name
+from hstu_replay.report.workers import loss_lines
 
 TAB_KEY = "hstu-hit-ratio"
 TAB_TITLE = "KV-cache hit ratio"
@@ -57,7 +59,9 @@ def charts_fragment(report: dict | None) -> str:
 
     if report is None:
         return "<p>No run yet.</p>"
-    return ('<div style="display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start">' + "".join(charts(report))
+    workers = "".join(f'<p style="margin:4px 0;color:#c60">{escape(line)}</p>' for line in loss_lines(report))
+    return (workers + '<div style="display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start">'
+            + "".join(charts(report))
             + '</div><p style="margin:4px 0 12px">'
             '<a style="color:inherit" href="/hstu/report.html" target="_blank" rel="noopener">Full report (HTML)</a>'
             ' &middot; <a style="color:inherit" href="/hstu/report.json" target="_blank" rel="noopener">report.json</a>'

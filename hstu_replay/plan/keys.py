@@ -33,3 +33,10 @@ class KeyAllocator:
             raise ConfigError("this virtual user ran out of cache keys; shorten the run")
         self._next += 1
         return self._base + self._next
+
+
+def key_owner(key: int) -> tuple[int, int]:
+    """(worker index, virtual-user index) of the user that made `key` (what a server's log of keys
+    says of who sent each request)."""
+    owner = (key >> _COUNTER_BITS) & ((1 << _OWNER_BITS) - 1)
+    return divmod(owner, MAX_USERS_PER_WORKER)

@@ -23,6 +23,8 @@ FLAG_MEANINGS = {
     "client-bound": "a load-generator process used >= 90% of a core, or its event loop ran late: the client's "
                     "own queueing may read as server latency",
     "server-down": "the server was unreachable for part of the stage: its figures mix outage and service",
+    "worker-lost": "a worker of the distributed run was lost during or before the stage: from then on it ran "
+                   "with fewer users than asked for, another operating point",
 }
 
 

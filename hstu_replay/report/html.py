@@ -20,6 +20,7 @@ from hstu_replay.report.kit import NO_VALUE, cell, escape, fmt, grid, page, tabl
 from hstu_replay.report.natural import natural_html
 from hstu_replay.report.summary import goal_name, latency_table
 from hstu_replay.report.svg import charts
+from hstu_replay.report.workers import workers_html
 
 #: Option names whose values are never shown (request headers carry auth tokens).
 SECRET_OPTION = re.compile(r"(^|_)(headers?|token|password|secret|credentials?|auth)$")
@@ -195,6 +196,7 @@ def render_html(report: dict) -> str:
         grid(latency),
         "<h2>Stages: target vs achieved hit ratio</h2>", _stages(report["stages"]),
         *(natural_html(report["natural"]) if report.get("natural") else ()),
+        *workers_html(report),
         "<h2>Flags</h2>", _flags(report["stages"]),
         "<h2>Verification</h2>", _verification(report),
         "<h2>Server-side figures</h2>", _server(report["bins"]),

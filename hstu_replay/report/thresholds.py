@@ -21,10 +21,11 @@ class Thresholds:
     max_error_ratio: float | None = None
     max_p99_ms: dict[float | None, float] = field(default_factory=dict)  # None: every bin
     min_speedup: dict[float, float] = field(default_factory=dict)  # target ratio -> minimum
+    max_workers_lost: int | None = None  # workers a distributed run may lose
 
     @property
     def empty(self) -> bool:
-        return (self.max_mismatches is None and self.max_error_ratio is None
+        return (self.max_mismatches is None and self.max_error_ratio is None and self.max_workers_lost is None
                 and not self.max_p99_ms and not self.min_speedup)
 
 
@@ -97,6 +98,7 @@ def parse_thresholds(
     max_error_ratio: str | float | None = None,
     max_p99_ms: str | None = None,
     min_speedup: str | None = None,
+    max_workers_lost: int | None = None,
 ) -> Thresholds:
     """From option text: `max_p99_ms` "250" or "0:300,1.0:120"; `min_speedup` "1.0:1.5"."""
     return Thresholds(
@@ -104,7 +106,16 @@ def parse_thresholds(
         max_error_ratio=_max_error_ratio(max_error_ratio),
         max_p99_ms=_ratio_map("--max-p99-ms", max_p99_ms, bare_means_all=True),
         min_speedup=_ratio_map("--min-speedup", min_speedup, bare_means_all=False),
+        max_workers_lost=_max_workers_lost(max_workers_lost),
     )
+
+
+def _max_workers_lost(value: int | None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"--max-workers-lost {value!r}: expected a whole number >= 0 (-1: off)")
+    return value
 
 
 # -- evaluation -------------------------------------------------------------------------------
@@ -179,6 +190,9 @@ def evaluate(report: dict, thresholds: Thresholds) -> list[str]:
         out += _error_ratio_violations(bins, thresholds.max_error_ratio)
     out += _p99_violations(bins, thresholds.max_p99_ms)
     out += _speedup_violations(bins, thresholds.min_speedup)
+    lost = len(report.get("workers_lost") or ())
+    if thresholds.max_workers_lost is not None and lost > thresholds.max_workers_lost:
+        out.append(f"{lost} workers lost > {thresholds.max_workers_lost} allowed")
     return out
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from hstu_replay.data.store import SequenceStore
 from hstu_replay.interface import Limits
-from hstu_replay.plan.keys import KeyAllocator
+from hstu_replay.plan.keys import KeyAllocator, key_owner
 from hstu_replay.plan.dealer import Dealer
 from hstu_replay.plan.sessions import SessionSource, usable_users
 
@@ -78,3 +78,8 @@ def test_batch_8_at_default_limits_fits_max_values(target):
         assert step.prime is None or len(step.prime.values) <= limits.max_values
         longest = max(longest, max(u.history_length for u in step.request.users()))
     assert longest == limits.history_cap(8, 16) == 2481  # capped, and the cap is reached
+
+
+def test_a_key_names_the_worker_and_user_that_made_it():
+    keys = KeyAllocator(3, 17)
+    assert {key_owner(keys.new_key()) for _ in range(5)} == {(3, 17)}
