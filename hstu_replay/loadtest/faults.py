@@ -18,7 +18,6 @@ from pathlib import Path
 
 import gevent
 import orjson
-from locust.runners import STATE_MISSING, STATE_RUNNING, STATE_SPAWNING
 
 from hstu_replay.report.workers import joined, loss
 
@@ -26,7 +25,14 @@ LOST_EXIT_CODE = 4  # the run lost its master (at a worker) or every worker (at 
 CHECK_INTERVAL_S = 0.25
 RESUME_GRACE_S = 2.0  # after its own loop stalled, a worker reads queued heartbeats (one comes each second)
 DEFAULT_MASTER_TIMEOUT_S = 5.0
-GOING = (STATE_SPAWNING, STATE_RUNNING)
+
+
+def _states() -> tuple[tuple[str, ...], str]:
+    """Locust's runner states (a run going, a worker missing), read at run time: importing locust
+    patches the importing process with gevent, which a module imported by tests must not do."""
+    from locust.runners import STATE_MISSING, STATE_RUNNING, STATE_SPAWNING
+
+    return (STATE_SPAWNING, STATE_RUNNING), STATE_MISSING
 
 
 def _say(message: str) -> None:
@@ -126,7 +132,7 @@ class WorkerAccount:
 
     def _connected(self, client_id: str) -> None:
         run, runner = self._run, self.environment.runner
-        if run is None or not run.clock.started or run.ended or runner.state not in GOING:
+        if run is None or not run.clock.started or run.ended or runner.state not in _states()[0]:
             return
         if client_id not in self.running and all(j["client_id"] != client_id for j in self.joins):
             at_s = self._run_clock(time.time())
@@ -141,13 +147,14 @@ class WorkerAccount:
         runner = self.environment.runner
         if self._run is None:
             return
-        going = runner.state in GOING
+        running_states, missing = _states()
+        going = runner.state in running_states
         for client_id, node in list(runner.clients.items()):
-            if going and node.state in GOING and client_id not in self.lost:
+            if going and node.state in running_states and client_id not in self.lost:
                 self.running.add(client_id)
         for client_id in sorted(self.running):
             node = runner.clients.get(client_id)
-            if (node is not None and node.state == STATE_MISSING) or (node is None and going):
+            if (node is not None and node.state == missing) or (node is None and going):
                 self.running.discard(client_id)
                 self.lost.add(client_id)
                 self.losses.append((client_id, self.last_seen.get(client_id, math.nan)))
