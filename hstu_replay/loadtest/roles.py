@@ -81,6 +81,10 @@ class MasterRole(Role):
     name = "master"
     replays = False
 
+    def __init__(self, environment=None):
+        super().__init__(environment)
+        self.workers = None  # the account of its workers, once installed on Locust's master runner
+
     def install(self, runtime) -> None:
         from hstu_replay.loadtest.faults import WorkerAccount
 
@@ -99,7 +103,8 @@ class MasterRole(Role):
         self.workers.reported(client_id, data, measured)
 
     def workers_story(self) -> tuple[list[dict], list[dict]]:
-        return self.workers.story()
+        # a master without Locust's runner (the bookkeeping benchmark's) has no workers to account for
+        return self.workers.story() if self.workers is not None else ([], [])
 
     def sweep_started(self, run) -> None:
         self.runner.send_message(SWEEP_CLOCK, run.clock.elapsed_s())  # workers that join late get it too
