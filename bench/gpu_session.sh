@@ -26,15 +26,20 @@ step_env() {
     $PY -m pip list 2>/dev/null | grep -i -E "^(torch|triton|numpy|nvidia-pytriton|tritonclient|locust|grpcio|protobuf|gevent) "
     gcc --version | head -1; which cuda-gdb nvcc cmake ninja
 }
-step_aoti_check() { $PY -m bench.gpu_aoti_check --out "$OUT/aoti-check" --backtrace; }
+step_aoti_check() { $PY -m bench.gpu_aoti_check --out "$OUT/aoti-check"; }
 step_protocol() { SERVE_ARGS="$NATIVE" bash bench/gpu_protocol.sh "$OUT/protocol" "${USERS:-128}" "${RUNS:-1}"; }
 step_protocol_pyt() { CONFIGS=kuairand-1k bash bench/gpu_protocol.sh "$OUT/protocol-pyt" "${USERS:-128}" 1; }
-step_protocol_aoti() {
+step_protocol_aoti() {  # only where a tiny package compiled for the GPU loaded (aoti-check)
+    $PY -c "import json,sys; r=json.load(open('$OUT/aoti-check/aoti_check.json')); sys.exit(not any(
+        v.get('ok') and v['variant'].startswith('cuda') for v in r['variants']))" ||
+        { echo "skipped: no GPU package loaded in aoti-check"; return 1; }
     ENGINE=aoti CONFIGS=kuairand-1k SERVE_ARGS="$NATIVE" bash bench/gpu_protocol.sh "$OUT/protocol-aoti" "${USERS:-128}" 1
 }
 step_locust() { SERVE_ARGS="$NATIVE" bash bench/gpu_locust.sh "$OUT/locust"; }
-step_flow() {
-    $PY -m hstu_replay.cli flow l0 --out "$OUT/flow" --config "${FLOW_CONFIG:-kuairand-1k}" --device "$DEVICE"
+step_flow() {  # reuses the repository protocol-aoti compiled, where there is one
+    local from=$OUT/protocol-aoti/repository-kuairand-1k
+    $PY -m hstu_replay.cli flow l0 --out "$OUT/flow" --config "${FLOW_CONFIG:-kuairand-1k}" --device "$DEVICE" \
+        $( [ -f "$from/hstu_target.json" ] && echo --export-from "$from" )
 }
 step_scale_out() {
     $PY -m bench.scale_out --workers "${WORKERS:-1,2,4,8}" --instances "${INSTANCES:-16}" --seconds 10
@@ -51,3 +56,6 @@ for spec in "$@"; do
     timeout -k 15 "$limit" bash -c "$fn" 2>&1 | tee "$OUT/$name.log"
     echo "=== $name: exit ${PIPESTATUS[0]} after $(( $(date +%s) - started )) s"
 done
+# what comes back: logs, reports and JSON, not the data sets, stores or compiled repositories
+tar czf "$OUT/results.tgz" -C "$OUT" --exclude=raw --exclude=store --exclude='repository-*' --exclude='*.pt2' \
+    --exclude=dump --exclude=data --exclude=model_repository --exclude='*.jsonl' $(cd "$OUT" && ls | grep -v results.tgz)
