@@ -7,6 +7,7 @@
 #   protocol      NVIDIA's protocol against the batched engine, 3 and 8 layers (bench/gpu_protocol.sh)
 #   protocol-pyt  the same behind PyTriton (the baseline), 3 layers
 #   protocol-aoti the same on AOTInductor packages compiled there (ENGINE=aoti), 3 layers
+#   profile       where a served batch-8 request's time goes (bench/gpu_serving_profile.py), each frontend
 #   locust        our Locust sweep (bench/gpu_locust.sh; SERVE_ARGS as for protocol)
 #   flow          `hstu-replay flow l0 --config kuairand-1k` on the GPU
 #   scale-out     `python -m bench.scale_out --workers 1,2,4,8` against a do-nothing server
@@ -29,11 +30,28 @@ step_env() {
 step_aoti_check() { $PY -m bench.gpu_aoti_check --out "$OUT/aoti-check"; }
 step_protocol() { SERVE_ARGS="$NATIVE" bash bench/gpu_protocol.sh "$OUT/protocol" "${USERS:-128}" "${RUNS:-1}"; }
 step_protocol_pyt() { CONFIGS=kuairand-1k bash bench/gpu_protocol.sh "$OUT/protocol-pyt" "${USERS:-128}" 1; }
-step_protocol_aoti() {  # only where a tiny package compiled for the GPU loaded (aoti-check)
-    $PY -c "import json,sys; r=json.load(open('$OUT/aoti-check/aoti_check.json')); sys.exit(not any(
-        v.get('ok') and v['variant'].startswith('cuda') for v in r['variants']))" ||
+step_protocol_aoti() {  # not where aoti-check (when run before) loaded no package compiled for the GPU
+    [ ! -f "$OUT/aoti-check/aoti_check.json" ] ||
+        $PY -c "import json,sys; r=json.load(open('$OUT/aoti-check/aoti_check.json')); sys.exit(not any(
+            v.get('ok') and v['variant'].startswith('cuda') for v in r['variants']))" ||
         { echo "skipped: no GPU package loaded in aoti-check"; return 1; }
     ENGINE=aoti CONFIGS=kuairand-1k SERVE_ARGS="$NATIVE" bash bench/gpu_protocol.sh "$OUT/protocol-aoti" "${USERS:-128}" 1
+}
+step_profile() {
+    local cfg=${PROFILE_CONFIG:-kuairand-1k} H G M C server frontend
+    for frontend in python-backend pytriton; do
+        read -r H G M C < <($PY -c "from hstu_replay.process import free_ports; print(*free_ports(4))")
+        $PY -m hstu_replay.cli server serve --engine batched --config "$cfg" --dtype "${DTYPE:-bfloat16}" \
+            --device "$DEVICE" --frontend $frontend --http-port "$H" --grpc-port "$G" --metrics-port "$M" \
+            --cache-metrics-port "$C" >"$OUT/profile-$frontend.log" 2>&1 &
+        server=$!
+        $PY -m hstu_replay.cli server wait --http-port "$H" --pid $server --log "$OUT/profile-$frontend.log" \
+            --timeout 180 && echo "== profile, $frontend frontend" &&
+            $PY -m bench.gpu_serving_profile --grpc-port "$G" --http-port "$H" --config "$cfg" --device "$DEVICE" \
+                --dtype "${DTYPE:-bfloat16}" --history "${HISTORY:-4096}" --candidates "${CANDIDATES:-100}" \
+                --calls "${CALLS:-12}" --out "$OUT/profile-$frontend"
+        kill -INT $server; wait $server
+    done
 }
 step_locust() { SERVE_ARGS="$NATIVE" bash bench/gpu_locust.sh "$OUT/locust"; }
 step_flow() {  # reuses the repository protocol-aoti compiled, where there is one

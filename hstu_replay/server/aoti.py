@@ -156,15 +156,20 @@ class PackageCompute:
 
 
 class NoCachePackage:
-    """A loaded no-cache package: (values, lengths, num_candidates) int64 1-D -> logits [N, 8]."""
+    """A loaded no-cache package: (values, lengths, num_candidates) int64 1-D -> logits [N, 8].
+
+    Inputs go to the device the package was compiled for (a CUDA package handed host memory
+    reads it as device addresses: an illegal memory access)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         self._loader = _loader(path)
+        self.device = torch.device(self._loader.get_metadata().get("AOTI_DEVICE_KEY") or "cpu")
 
     def __call__(self, values: Tensor, lengths: Tensor, num_candidates: Tensor) -> Tensor:
         with torch.inference_mode():
-            return self._loader.run([values.contiguous(), lengths.contiguous(), num_candidates.contiguous()])[0]
+            inputs = [t.to(self.device).contiguous() for t in (values, lengths, num_candidates)]
+            return self._loader.run(inputs)[0]
 
 
 def load_package(path: str | os.PathLike) -> PackageCompute:

@@ -117,3 +117,7 @@ def test_a_compiler_with_its_shared_libstdcxx_is_left_alone(tmp_path):
     found.write_text("")
     assert runtime_link_options(fake_compiler(tmp_path, str(found))) == {}
     assert runtime_link_options(fake_compiler(tmp_path, str(found)), force=True) != {}
+
+
+def test_a_nocache_package_takes_its_inputs_to_its_own_device(nocache_package):
+    assert load_nocache_package(nocache_package).device == torch.device("cpu")  # compiled here for the CPU
