@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.gpu_triton_stats import per_request_ms, snapshot
-from hstu_replay.interface import KVCACHE
+from hstu_replay.interface import KVCACHE, Limits
 from hstu_replay.request import UserRequest, build_request
 
 BATCH = 8
@@ -128,7 +128,7 @@ def main() -> int:
     import tritonclient.grpc as grpcclient
 
     def request(users) -> dict[str, np.ndarray]:
-        return build_request(users).inputs(KVCACHE)
+        return build_request(users, Limits(max_values=70_000)).inputs(KVCACHE)
 
     cold = [request(make_users(7_000_000 + 100 * i, args.history, args.candidates, i)) for i in range(args.calls + 2)]
     warm_users = make_users(8_000_000, args.history, args.candidates, 99)
