@@ -33,7 +33,9 @@ from pathlib import Path
 import hstu_replay
 from hstu_replay.errors import ServerError
 from hstu_replay.interface import CONTROL_MODEL, KVCACHE, NOCACHE, PYTHON_BACKEND, TensorSpec
-from hstu_replay.server.serve import CONTROL_OUTPUTS, ServeOptions, check_ports_free, python_backend_env
+from hstu_replay.server.serve import (
+    CONTROL_OUTPUTS, ServeOptions, check_ports_free, python_backend_env, run_until_stopped,
+)
 from hstu_replay.server.tls_proxy import TlsForwarder
 
 PARAMETER = "hstu"  # the config.pbtxt parameter carrying BackendSettings as JSON
@@ -206,9 +208,7 @@ def serve_native(base: BackendSettings, options: ServeOptions, stop: threading.E
                 return
         print(f"hstu-replay: {options.describe()}; Python-backend models, no proxy "
               f"(ready in {time.monotonic() - started:.1f} s)", flush=True)
-        while not stop.wait(0.5):
-            if server.poll() is not None:
-                raise ServerError("tritonserver exited unexpectedly; see its log above")
+        run_until_stopped(lambda: server.poll() is None, stop)
     except OSError as exc:
         raise ServerError(f"tritonserver failed to start: {exc}") from None
     finally:

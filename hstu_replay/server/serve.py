@@ -234,6 +234,13 @@ def python_backend_env() -> None:
         os.environ["LD_LIBRARY_PATH"] = f"{libdir}:{current}" if current else libdir
 
 
+def run_until_stopped(alive: Callable[[], bool], stop: threading.Event) -> None:
+    """Serve until `stop` is set; a tritonserver gone meanwhile is an error."""
+    while not stop.wait(0.5):
+        if not alive():
+            raise ServerError("tritonserver exited unexpectedly; see its log above")
+
+
 def serve(engines: Engines, options: ServeOptions, stop: threading.Event | None = None) -> None:
     """Run until SIGINT/SIGTERM (or `stop` is set); returns after a clean shutdown."""
     check_ports_free(options)
@@ -283,9 +290,7 @@ def serve(engines: Engines, options: ServeOptions, stop: threading.Event | None 
                         config=unbatched)
             triton.run()
             print(f"hstu-replay: {options.describe()} (ready in {time.monotonic() - started:.1f} s)", flush=True)
-            while not stop.wait(0.5):
-                if not triton.is_alive():
-                    raise ServerError("tritonserver exited unexpectedly; see its log above")
+            run_until_stopped(triton.is_alive, stop)
     except OSError as exc:
         raise ServerError(f"tritonserver failed to start: {exc}") from None
     finally:
