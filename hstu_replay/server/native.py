@@ -204,8 +204,10 @@ def serve_native(base: BackendSettings, options: ServeOptions, stop: threading.E
         while not models_ready(options.http_host, options.http_port):
             if server.poll() is not None:
                 raise ServerError(f"tritonserver exited ({server.returncode}) while loading the models; see its log above")
-            if stop.wait(0.2) or time.monotonic() - started > START_LIMIT_S:
+            if stop.wait(0.2):
                 return
+            if time.monotonic() - started > START_LIMIT_S:
+                raise ServerError(f"the models were not ready after {START_LIMIT_S:.0f} s; see tritonserver's log above")
         print(f"hstu-replay: {options.describe()}; Python-backend models, no proxy "
               f"(ready in {time.monotonic() - started:.1f} s)", flush=True)
         run_until_stopped(lambda: server.poll() is None, stop)
