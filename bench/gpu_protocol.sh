@@ -3,6 +3,8 @@
 # 3 and 8 layers, each served by a real tritonserver on 127.0.0.1 (one server per config).
 #   bash bench/gpu_protocol.sh OUT_DIR [USERS] [RUNS]
 # ENGINE=aoti exports each config with AOTInductor first (`server export`) and serves the packages.
+# SERVE_ARGS adds options to `server serve` (e.g. "--frontend python-backend"); Triton's own statistics
+# of each run (queue, input, model, output per request: bench/gpu_triton_stats.py) follow its table.
 # (DEVICE=cpu DTYPE=float32 CONFIGS=small HISTORY=256 CANDIDATES=16 SCALE=0.05 bash bench/gpu_protocol.sh
 #  runs/x 32: the same on a CPU)
 # Synthetic KuaiRand-1K users (full scale), each user's latest 100 events ranked after up to 4096
@@ -14,7 +16,8 @@ USERS=${2:-128}
 RUNS=${3:-2}
 PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bfloat16} CONFIGS=${CONFIGS:-kuairand-1k kuairand-1k-8l}
-ENGINE=${ENGINE:-batched} EXPORT_TIMEOUT=${EXPORT_TIMEOUT:-600}
+ENGINE=${ENGINE:-batched} EXPORT_TIMEOUT=${EXPORT_TIMEOUT:-600} SERVE_ARGS=${SERVE_ARGS:-}
+FRONTEND=$(echo "$SERVE_ARGS" | grep -q python-backend && echo "Triton's Python backend (no proxy)" || echo "PyTriton's Python backend")
 HISTORY=${HISTORY:-4096} CANDIDATES=${CANDIDATES:-100} SCALE=${SCALE:-1.0}
 HW=${HARDWARE:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo "$DEVICE")}
 mkdir -p "$OUT"
@@ -36,16 +39,18 @@ for cfg in $CONFIGS; do
     read -r H G M C < <($PY -c "from hstu_replay.process import free_ports; print(*free_ports(4))")
     $PY -m hstu_replay.cli server serve --engine "$ENGINE" --repository "$REPO" --config "$cfg" \
         $( [ "$ENGINE" = batched ] && echo --dtype "$DTYPE" ) --device "$DEVICE" \
-        --http-port "$H" --grpc-port "$G" --metrics-port "$M" --cache-metrics-port "$C" >"$OUT/server-$cfg.log" 2>&1 &
+        --http-port "$H" --grpc-port "$G" --metrics-port "$M" --cache-metrics-port "$C" $SERVE_ARGS >"$OUT/server-$cfg.log" 2>&1 &
     SERVER=$!
     $PY -m hstu_replay.cli server wait --http-port "$H" --pid $SERVER --log "$OUT/server-$cfg.log" --timeout 180 ||
         { tail -20 "$OUT/server-$cfg.log"; exit 1; }
     for run in $(seq 1 "$RUNS"); do
         echo "== $cfg run $run"
+        $PY -m bench.gpu_triton_stats --http-port "$H" --save "$OUT/stats-before.json"
         $PY -m hstu_replay.cli bench protocol --triton-url "127.0.0.1:$G" --store "$OUT/store" --candidates "$CANDIDATES" \
             --max-history "$HISTORY" --max-values 70000 --out "$OUT/$cfg-run$run" \
-            --hardware "$HW; $cfg, $ENGINE engine$( [ "$ENGINE" = batched ] && echo " $DTYPE") behind PyTriton's Python backend"
+            --hardware "$HW; $cfg, $ENGINE engine$( [ "$ENGINE" = batched ] && echo " $DTYPE") behind $FRONTEND"
         echo "== $cfg run $run: exit $?"
+        $PY -m bench.gpu_triton_stats --http-port "$H" --since "$OUT/stats-before.json"
     done
     kill -INT $SERVER; wait $SERVER; SERVER=
 done

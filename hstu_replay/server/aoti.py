@@ -5,6 +5,12 @@ callable with the eager `Compute` signature. `export_nocache_package` writes the
 `hstu_gr_ranking` interface: (values, lengths, num_candidates) -> logits, self-contained.
 Loading uses torch's AOTIModelPackageLoader directly: `aoti_load_package` would run a C++
 compiler at load time, which a server must not need.
+
+Where the C++ compiler finds no shared libstdc++ to link (`g++ -print-file-name=libstdc++.so`
+names no file, as on an image with a compiler but without its development link), it links the
+static archive into the package; that copy's locale then mixes with the process's own
+libstdc++ and the package crashes when it loads (in `std::regex`, parsing its device string).
+`runtime_link_options` then names the shared runtime to the linker explicitly.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import subprocess
 import time
 import warnings
 from dataclasses import dataclass
@@ -77,13 +84,31 @@ def _example_request() -> tuple[Tensor, Tensor, Tensor]:
     return torch.cat([head, *items, *actions]), lengths, torch.tensor(cand)
 
 
+#: what the linker is given when the compiler has no shared libstdc++ of its own to link
+SHARED_RUNTIME = ":libstdc++.so.6"
+
+
+def runtime_link_options(compiler: str | None = None, force: bool = False) -> dict:
+    """Inductor options that make a package link the shared C++ runtime; {} where the compiler does already."""
+    compiler = compiler or os.environ.get("CXX", "g++")
+    try:
+        found = subprocess.run([compiler, "-print-file-name=libstdc++.so"], capture_output=True, text=True,
+                               timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    if not force and os.path.isabs(found) and os.path.exists(found):
+        return {}
+    return {"aot_inductor.custom_op_libs": [SHARED_RUNTIME]}
+
+
 def _compile(module: torch.nn.Module, args: tuple, shapes: tuple, path: str | os.PathLike) -> PackageInfo:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with _quiet(), torch.no_grad():
         program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
-        torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+        torch._inductor.aoti_compile_and_package(program, package_path=str(path),
+                                                 inductor_configs=runtime_link_options())
     return PackageInfo(path, time.perf_counter() - started)
 
 
@@ -131,15 +156,20 @@ class PackageCompute:
 
 
 class NoCachePackage:
-    """A loaded no-cache package: (values, lengths, num_candidates) int64 1-D -> logits [N, 8]."""
+    """A loaded no-cache package: (values, lengths, num_candidates) int64 1-D -> logits [N, 8].
+
+    Inputs go to the device the package was compiled for (a CUDA package handed host memory
+    reads it as device addresses: an illegal memory access)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         self._loader = _loader(path)
+        self.device = torch.device(self._loader.get_metadata().get("AOTI_DEVICE_KEY") or "cpu")
 
     def __call__(self, values: Tensor, lengths: Tensor, num_candidates: Tensor) -> Tensor:
         with torch.inference_mode():
-            return self._loader.run([values.contiguous(), lengths.contiguous(), num_candidates.contiguous()])[0]
+            inputs = [t.to(self.device).contiguous() for t in (values, lengths, num_candidates)]
+            return self._loader.run(inputs)[0]
 
 
 def load_package(path: str | os.PathLike) -> PackageCompute:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from hstu_replay.arguments import (
     CANDIDATES, DEVICE, DUMP_BATCH_SIZE, DUMP_BATCHES, DUMP_SEED, MODEL_CONFIG, MODEL_MAX_HISTORY, PAGE_TOKENS,
@@ -32,6 +33,10 @@ SERVE_OPTIONS = (
     Option("--dtype", "weights and KV cache type (--engine batched; default: the config's)",
            choices=("float32", "bfloat16")),
     THREADS,
+    Option("--frontend", "pytriton: PyTriton binds the models (one proxy process between tritonserver and the "
+                         "engine); python-backend: a Python-backend model repository served by tritonserver "
+                         "directly, each model's engine inside its backend stub (no proxy)", "pytriton",
+           choices=("pytriton", "python-backend")),
     Option("--log-verbose", "tritonserver's log verbosity", 0, int),
     Option("--tls-cert", "PEM server certificate: gRPC then takes TLS only"),
     Option("--tls-key", "PEM private key of --tls-cert"),
@@ -146,6 +151,14 @@ def _serve(args) -> int:
     print(f"hstu-replay: model threads {threads}", file=sys.stderr, flush=True)
     device = resolve_device(args.device)
     config = get_config(args.config, args.dtype)
+    if args.frontend == "python-backend":
+        from hstu_replay.server.native import BackendSettings, serve_native
+
+        serve_native(BackendSettings("cached", "", args.engine, str(Path(args.repository).resolve()), args.config, args.dtype,
+                                     args.seed, args.cache_budget_tokens, args.page_tokens, device, args.host,
+                                     args.cache_metrics_port, "", host.budget_tokens, host.mode.value,
+                                     host.chunk_tokens), options)
+        return 0
     engines = ENGINE_KINDS[args.engine](args.repository, config, args.seed, args.cache_budget_tokens,
                                         args.page_tokens, device, host)
     serve(engines, options)

@@ -23,7 +23,7 @@ import sys
 import sysconfig
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -173,19 +173,32 @@ def check_ports_free(options: ServeOptions) -> None:
                 ) from None
 
 
+def infer_outputs(engine: RankingEngine, inputs: Mapping[str, np.ndarray], interface: ModelInterface,
+                  with_cache_outputs: bool) -> dict[str, np.ndarray]:
+    """One request of a ranking model: its input tensors in, its output tensors out (every frontend's)."""
+    tensors = RequestTensors.from_inputs(inputs, interface)
+    result = engine.infer(tensors)
+    outputs = {interface.logits_output: result.logits}
+    if with_cache_outputs:
+        outputs["OUTPUT__1"] = np.full(tensors.batch_size, -1, dtype=np.int64)
+        outputs["CACHED_TOKENS"] = result.cached_tokens.astype(np.int64)
+        outputs["HOST_CACHED_TOKENS"] = result.host_cached_tokens.astype(np.int64)
+    return outputs
+
+
+def wants_clear(clear: np.ndarray) -> bool:
+    return int(np.asarray(clear).ravel()[0]) == 1
+
+
+def control_outputs(stats: Mapping[str, int]) -> dict[str, np.ndarray]:
+    """The control model's answer from the cache's counters (every frontend's)."""
+    return {name: np.array([stats[name.lower()]], dtype=np.int64) for name in CONTROL_OUTPUTS}
+
+
 def _logits_handler(engine: RankingEngine, interface: ModelInterface, with_cache_outputs: bool) -> Callable:
     def infer(requests):
-        responses = []
-        for request in requests:
-            tensors = RequestTensors.from_inputs({k: request[k] for k in request}, interface)
-            result = engine.infer(tensors)
-            outputs = {interface.logits_output: result.logits}
-            if with_cache_outputs:
-                outputs["OUTPUT__1"] = np.full(tensors.batch_size, -1, dtype=np.int64)
-                outputs["CACHED_TOKENS"] = result.cached_tokens.astype(np.int64)
-                outputs["HOST_CACHED_TOKENS"] = result.host_cached_tokens.astype(np.int64)
-            responses.append(outputs)
-        return responses
+        return [infer_outputs(engine, {k: request[k] for k in request}, interface, with_cache_outputs)
+                for request in requests]
 
     return infer
 
@@ -194,10 +207,9 @@ def _control_handler(engine: RankingEngine) -> Callable:
     def infer(requests):
         responses = []
         for request in requests:
-            if int(np.asarray(request["CLEAR"]).ravel()[0]) == 1:
+            if wants_clear(request["CLEAR"]):
                 engine.clear_cache()
-            stats = engine.cache.stats()
-            responses.append({name: np.array([stats[name.lower()]], dtype=np.int64) for name in CONTROL_OUTPUTS})
+            responses.append(control_outputs(engine.cache.stats()))
         return responses
 
     return infer
@@ -239,6 +251,13 @@ def python_backend_env() -> None:
     current = os.environ.get("LD_LIBRARY_PATH", "")
     if libdir and not current.startswith(libdir):
         os.environ["LD_LIBRARY_PATH"] = f"{libdir}:{current}" if current else libdir
+
+
+def run_until_stopped(alive: Callable[[], bool], stop: threading.Event) -> None:
+    """Serve until `stop` is set; a tritonserver gone meanwhile is an error."""
+    while not stop.wait(0.5):
+        if not alive():
+            raise ServerError("tritonserver exited unexpectedly; see its log above")
 
 
 def serve(engines: Engines, options: ServeOptions, stop: threading.Event | None = None) -> None:
@@ -290,9 +309,7 @@ def serve(engines: Engines, options: ServeOptions, stop: threading.Event | None 
                         config=unbatched)
             triton.run()
             print(f"hstu-replay: {options.describe()} (ready in {time.monotonic() - started:.1f} s)", flush=True)
-            while not stop.wait(0.5):
-                if not triton.is_alive():
-                    raise ServerError("tritonserver exited unexpectedly; see its log above")
+            run_until_stopped(triton.is_alive, stop)
     except OSError as exc:
         raise ServerError(f"tritonserver failed to start: {exc}") from None
     finally:

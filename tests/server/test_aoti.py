@@ -8,7 +8,9 @@ import torch
 
 from hstu_replay.errors import InputError
 from hstu_replay.request import UserRequest, build_request
-from hstu_replay.server.aoti import export_nocache_package, export_package, load_nocache_package, load_package
+from hstu_replay.server.aoti import (
+    SHARED_RUNTIME, export_nocache_package, export_package, load_nocache_package, load_package, runtime_link_options,
+)
 from hstu_replay.server.config import get_config
 from hstu_replay.server.engine import RankingEngine
 from hstu_replay.server.kvcache import KVCache
@@ -94,3 +96,28 @@ def test_missing_or_bad_package_is_a_clear_error(tmp_path):
     (tmp_path / "junk.pt2").write_bytes(b"not a zip")
     with pytest.raises(InputError, match="cannot load"):
         load_package(tmp_path / "junk.pt2")
+
+
+def fake_compiler(tmp_path, answer: str):
+    script = tmp_path / "cxx"
+    script.write_text(f"#!/bin/sh\necho '{answer}'\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_a_compiler_without_a_shared_libstdcxx_gets_the_runtime_named(tmp_path):
+    # g++ prints the bare name when it finds no such file: the static archive would be linked
+    assert runtime_link_options(fake_compiler(tmp_path, "libstdc++.so")) == {
+        "aot_inductor.custom_op_libs": [SHARED_RUNTIME]}
+    assert runtime_link_options(fake_compiler(tmp_path, str(tmp_path / "missing" / "libstdc++.so"))) != {}
+
+
+def test_a_compiler_with_its_shared_libstdcxx_is_left_alone(tmp_path):
+    found = tmp_path / "libstdc++.so"
+    found.write_text("")
+    assert runtime_link_options(fake_compiler(tmp_path, str(found))) == {}
+    assert runtime_link_options(fake_compiler(tmp_path, str(found)), force=True) != {}
+
+
+def test_a_nocache_package_takes_its_inputs_to_its_own_device(nocache_package):
+    assert load_nocache_package(nocache_package).device == torch.device("cpu")  # compiled here for the CPU

@@ -26,11 +26,12 @@ def control(client) -> dict[str, int]:
     return {name: int(result.as_numpy(name)[0]) for name in CONTROL_OUTPUTS}
 
 
-def test_gpu_hit_host_hit_and_recompute_through_a_real_server(tmp_path):
+@pytest.mark.parametrize("frontend", ["pytriton", "python-backend"])
+def test_gpu_hit_host_hit_and_recompute_through_a_real_server(tmp_path, frontend):
     # GPU pool 2 pages of 32, host 3 pages, FlexKV offload; 13 items = 32 tokens, 29 items = 64
     server = start_server(tmp_path / "unused-repository", tmp_path / "tiers.log", "--engine", "batched",
                           "--config", "small", "--cache-budget-tokens", "64", "--host-budget-tokens", "96",
-                          "--offload-mode", "flexkv")
+                          "--offload-mode", "flexkv", "--frontend", frontend)
     try:
         c = grpcclient.InferenceServerClient(server.grpc_url)
         people = {uid: user(40 + uid, 29, key=uid) for uid in (1, 2, 3, 4)}

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Several GPU-machine steps in one call, each bounded by its own time limit, logs under OUT_DIR:
+#   bash bench/gpu_session.sh OUT_DIR STEP:SECONDS ...
+# Steps:
+#   env           the machine, its Python packages and tools
+#   aoti-check    compile and load a tiny AOTInductor package in one process (bench/gpu_aoti_check.py)
+#   protocol      NVIDIA's protocol against the batched engine, 3 and 8 layers (bench/gpu_protocol.sh)
+#   protocol-pyt  the same behind PyTriton (the baseline), 3 layers
+#   protocol-aoti the same on AOTInductor packages compiled there (ENGINE=aoti), 3 layers
+#   profile       where a served batch-8 request's time goes (bench/gpu_serving_profile.py), each frontend
+#   locust        our Locust sweep (bench/gpu_locust.sh; SERVE_ARGS as for protocol)
+#   flow          `hstu-replay flow l0 --config kuairand-1k` on the GPU
+#   scale-out     `python -m bench.scale_out --workers 1,2,4,8` against a do-nothing server
+# (DEVICE=cpu bash bench/gpu_session.sh runs/x env:30 aoti-check:300: the CPU-runnable steps here)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?output folder}
+shift
+PY=${PYTHON:-python3}
+DEVICE=${DEVICE:-cuda}
+NATIVE=${NATIVE:---frontend python-backend}
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+step_env() {
+    uname -a; nproc; free -g | head -2; nvidia-smi 2>&1 | head -15
+    $PY -c "import sys, torch, numpy; print(sys.version, torch.__version__, torch.version.cuda, numpy.__version__)"
+    $PY -m pip list 2>/dev/null | grep -i -E "^(torch|triton|numpy|nvidia-pytriton|tritonclient|locust|grpcio|protobuf|gevent) "
+    gcc --version | head -1; which cuda-gdb nvcc cmake ninja
+}
+step_aoti_check() { $PY -m bench.gpu_aoti_check --out "$OUT/aoti-check"; }
+step_protocol() { SERVE_ARGS="$NATIVE" bash bench/gpu_protocol.sh "$OUT/protocol" "${USERS:-128}" "${RUNS:-1}"; }
+step_protocol_pyt() { CONFIGS=kuairand-1k bash bench/gpu_protocol.sh "$OUT/protocol-pyt" "${USERS:-128}" 1; }
+step_protocol_aoti() {  # not where aoti-check (when run before) loaded no package compiled for the GPU
+    [ ! -f "$OUT/aoti-check/aoti_check.json" ] ||
+        $PY -c "import json,sys; r=json.load(open('$OUT/aoti-check/aoti_check.json')); sys.exit(not any(
+            v.get('ok') and v['variant'].startswith('cuda') for v in r['variants']))" ||
+        { echo "skipped: no GPU package loaded in aoti-check"; return 1; }
+    ENGINE=aoti CONFIGS=kuairand-1k SERVE_ARGS="$NATIVE" bash bench/gpu_protocol.sh "$OUT/protocol-aoti" "${USERS:-128}" 1
+}
+step_profile() {
+    local cfg=${PROFILE_CONFIG:-kuairand-1k} H G M C server frontend
+    for frontend in python-backend pytriton; do
+        read -r H G M C < <($PY -c "from hstu_replay.process import free_ports; print(*free_ports(4))")
+        $PY -m hstu_replay.cli server serve --engine batched --config "$cfg" --dtype "${DTYPE:-bfloat16}" \
+            --device "$DEVICE" --frontend $frontend --http-port "$H" --grpc-port "$G" --metrics-port "$M" \
+            --cache-metrics-port "$C" >"$OUT/profile-$frontend.log" 2>&1 &
+        server=$!
+        $PY -m hstu_replay.cli server wait --http-port "$H" --pid $server --log "$OUT/profile-$frontend.log" \
+            --timeout 180 && echo "== profile, $frontend frontend" &&
+            $PY -m bench.gpu_serving_profile --grpc-port "$G" --http-port "$H" --config "$cfg" --device "$DEVICE" \
+                --dtype "${DTYPE:-bfloat16}" --history "${HISTORY:-4096}" --candidates "${CANDIDATES:-100}" \
+                --calls "${CALLS:-12}" --out "$OUT/profile-$frontend"
+        kill -INT $server; wait $server
+    done
+}
+step_locust() { SERVE_ARGS="$NATIVE" bash bench/gpu_locust.sh "$OUT/locust"; }
+step_flow() {  # reuses the repository protocol-aoti compiled, where there is one
+    local from=$OUT/protocol-aoti/repository-kuairand-1k
+    $PY -m hstu_replay.cli flow l0 --out "$OUT/flow" --config "${FLOW_CONFIG:-kuairand-1k}" --device "$DEVICE" \
+        $( [ -f "$from/hstu_target.json" ] && echo --export-from "$from" )
+}
+step_scale_out() {
+    $PY -m bench.scale_out --workers "${WORKERS:-1,2,4,8}" --instances "${INSTANCES:-16}" --seconds 10
+    mkdir -p "$OUT/scale-out" && cp runs/scale-out/*.log "$OUT/scale-out/" 2>/dev/null
+}
+for spec in "$@"; do
+    name=${spec%%:*} limit=${spec#*:}
+    fn=step_${name//-/_}
+    if ! declare -F "$fn" >/dev/null; then echo "unknown step $name" >&2; exit 2; fi
+    started=$(date +%s)
+    echo "=== $name (limit ${limit} s) at $(date -u +%T)"
+    export -f "$fn"
+    export OUT PY DEVICE NATIVE
+    timeout -k 15 "$limit" bash -c "$fn" 2>&1 | tee "$OUT/$name.log"
+    echo "=== $name: exit ${PIPESTATUS[0]} after $(( $(date +%s) - started )) s"
+done
+# what comes back: logs, reports and JSON, not the data sets, stores or compiled repositories
+tar czf "$OUT/results.tgz" -C "$OUT" --exclude=raw --exclude=store --exclude='repository-*' --exclude='*.pt2' \
+    --exclude=dump --exclude=data --exclude=model_repository --exclude='*.jsonl' $(cd "$OUT" && ls | grep -v results.tgz)

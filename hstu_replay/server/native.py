@@ -1,0 +1,235 @@
+"""Serve the reference target on the bundled tritonserver directly, as a Python-backend model repository.
+
+`server serve --frontend python-backend`: no PyTriton proxy process. Each of the four models is a
+Triton Python-backend model (`backend_model.TritonPythonModel`) whose backend stub builds its own
+engine and answers Triton's requests itself: inputs and outputs cross one shared-memory hop
+(tritonserver <-> stub) where PyTriton adds a second (stub <-> the proxy's own process). The
+repository, a copy of the Python backend with the stub for this interpreter and a Unix socket
+live in a private workspace removed at the end.
+
+Who holds what: the KV-cache model's stub owns the cache, serves the cache-metrics port and
+answers the control model's stub over the workspace's Unix socket (`clear` / `stats`, one JSON
+line back); the no-cache models build their own engine with an empty cache budget. Models load one
+after another (an AOTI repository is compiled once, by the first).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import hstu_replay
+from hstu_replay.errors import ServerError
+from hstu_replay.interface import CONTROL_MODEL, KVCACHE, NOCACHE, PYTHON_BACKEND, TensorSpec
+from hstu_replay.server.host_tier import OFFLOAD_CHUNK_TOKENS, HostTierOptions, OffloadMode
+from hstu_replay.server.serve import (
+    CONTROL_OUTPUTS, ServeOptions, check_ports_free, python_backend_env, run_until_stopped,
+)
+from hstu_replay.server.tls_proxy import TlsForwarder
+
+PARAMETER = "hstu"  # the config.pbtxt parameter carrying BackendSettings as JSON
+SOCKET_NAME = "cache.sock"
+START_LIMIT_S = 3600.0  # compiling an AOTI repository on first start can take minutes
+#: tritonserver's Python-backend shared memory: start at 64 MiB (a full batch-8 request is ~0.6 MB)
+SHM_DEFAULT_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    """What a model's stub needs to build its part (written into config.pbtxt as JSON)."""
+
+    role: str  # "cached", "uncached" or "control" (backend_model.ROLES)
+    model: str  # the served model's name
+    engine: str  # build.ENGINE_KINDS key
+    repository: str
+    config: str
+    dtype: str | None
+    seed: int
+    cache_budget_tokens: int
+    page_tokens: int
+    device: str
+    host: str  # where the cache-metrics port listens
+    cache_metrics_port: int
+    control_socket: str
+    host_budget_tokens: int = 0  # the host tier behind the cache
+    offload_mode: str = OffloadMode.NATIVE.value
+    offload_chunk_tokens: int = OFFLOAD_CHUNK_TOKENS
+
+    @property
+    def host_tier(self) -> HostTierOptions:
+        return HostTierOptions(self.host_budget_tokens, OffloadMode(self.offload_mode), self.offload_chunk_tokens)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> BackendSettings:
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    role: str
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+
+def model_entries() -> list[ModelEntry]:
+    """The four served models, each with the published tensors (and the KV-cache model's extensions:
+    CACHED_TOKENS, HOST_CACHED_TOKENS)."""
+    entries = [ModelEntry("cached", KVCACHE.model_name, KVCACHE.inputs, KVCACHE.outputs + KVCACHE.extensions)]
+    entries += [ModelEntry("uncached", i.model_name, i.inputs, i.outputs) for i in (NOCACHE, PYTHON_BACKEND)]
+    control_out = tuple(TensorSpec(n, "INT64", (1,)) for n in CONTROL_OUTPUTS)
+    entries.append(ModelEntry("control", CONTROL_MODEL, (TensorSpec("CLEAR", "INT64", (1,)),), control_out))
+    return entries
+
+
+def _tensors(section: str, specs: tuple[TensorSpec, ...]) -> str:
+    items = [f'  {{ name: "{t.name}" data_type: TYPE_{t.dtype} dims: [ {", ".join(str(d) for d in t.dims)} ] }}'
+             for t in specs]
+    return f"{section} [\n" + ",\n".join(items) + "\n]"
+
+
+def config_text(entry: ModelEntry, settings: BackendSettings) -> str:
+    """A Python-backend config.pbtxt: one CPU-kind instance (the engine picks its own device)."""
+    return "\n".join([
+        f'name: "{entry.name}"', 'backend: "python"', "max_batch_size: 0",
+        _tensors("input", entry.inputs), _tensors("output", entry.outputs),
+        "instance_group [ { count: 1 kind: KIND_CPU } ]",
+        f"parameters {{ key: \"{PARAMETER}\" value: {{ string_value: {json.dumps(settings.to_json())} }} }}",
+    ]) + "\n"
+
+
+def model_file(paths: list[str]) -> str:
+    """The version folder's model.py: the stub's Python gets this interpreter's import paths first."""
+    return ("import sys\n"
+            f"sys.path[:0] = [p for p in {paths!r} if p not in sys.path]\n"
+            "from hstu_replay.server.backend_model import TritonPythonModel  # noqa: E402,F401\n")
+
+
+def import_paths() -> list[str]:
+    """This process's import paths, the package's own folder first (an editable install's too)."""
+    own = str(Path(hstu_replay.__file__).resolve().parents[1])
+    return [own] + [p for p in sys.path if p and p != own and os.path.isdir(p)]
+
+
+def write_repository(root: Path, base: BackendSettings) -> None:
+    for entry in model_entries():
+        settings = BackendSettings(**{**asdict(base), "role": entry.role, "model": entry.name})
+        folder = root / entry.name
+        (folder / "1").mkdir(parents=True)
+        (folder / "config.pbtxt").write_text(config_text(entry, settings))
+        (folder / "1" / "model.py").write_text(model_file(import_paths()))
+
+
+def prepare_backend(root: Path) -> tuple[Path, Path, Path]:
+    """(tritonserver, backends folder, its libraries): the Python backend copied beside the stub for
+    this interpreter, as PyTriton lays it out."""
+    from pytriton.utils.distribution import get_libs_path, get_root_module_path, get_stub_path
+
+    dist = get_root_module_path() / "tritonserver"
+    stub = get_stub_path(f"{sys.version_info.major}.{sys.version_info.minor}")
+    if not stub.is_file():
+        raise ServerError(f"PyTriton ships no Python-backend stub for Python {sys.version_info.major}."
+                          f"{sys.version_info.minor} ({stub})")
+    python = root / "backends" / "python"
+    shutil.copytree(dist / "backends" / "python", python, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(stub, python / "triton_python_backend_stub")
+    return dist / "bin" / "tritonserver", root / "backends", get_libs_path()
+
+
+def server_arguments(binary: Path, backends: Path, repository: Path, options: ServeOptions) -> list[str]:
+    args = [str(binary), f"--model-repository={repository}", f"--backend-directory={backends}",
+            f"--http-address={options.http_host}", f"--http-port={options.http_port}",
+            f"--grpc-address={options.host}", f"--grpc-port={options.grpc_port}",
+            f"--metrics-address={options.host}", f"--metrics-port={options.metrics_port}",
+            f"--log-verbose={options.log_verbose}", "--exit-on-error=true", "--model-load-thread-count=1",
+            "--strict-readiness=true",
+            f"--backend-config=python,shm-region-prefix-name=hstu{os.getpid()}-{secrets.token_hex(4)}",
+            f"--backend-config=python,shm-default-byte-size={SHM_DEFAULT_BYTES}"]
+    for rule in options.restrictions(secrets.token_urlsafe(32)):
+        args += [f"--grpc-restricted-protocol={rule}", f"--http-restricted-api={rule}"]
+    if options.tls is not None:
+        args += ["--grpc-use-ssl=true", f"--grpc-server-cert={options.tls.cert}",
+                 f"--grpc-server-key={options.tls.key}"]
+    return args
+
+
+def server_env(libs: Path) -> dict[str, str]:
+    python_backend_env()  # the stub links the system libpython: this interpreter's first
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = f"{env['LD_LIBRARY_PATH']}:{libs}" if env.get("LD_LIBRARY_PATH") else str(libs)
+    # the stub's embedded Python finds its prefix (a virtual environment's too) from the PATH's python
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    return env
+
+
+def models_ready(http_host: str, http_port: int) -> bool:
+    host = f"[{http_host}]" if ":" in http_host else http_host
+    for entry in model_entries():
+        try:
+            with urllib.request.urlopen(f"http://{host}:{http_port}/v2/models/{entry.name}/ready", timeout=2):
+                pass
+        except (urllib.error.URLError, OSError):
+            return False
+    return True
+
+
+def serve_native(base: BackendSettings, options: ServeOptions, stop: threading.Event | None = None) -> None:
+    """Run tritonserver on a Python-backend repository until SIGINT/SIGTERM (or `stop`); clean shutdown."""
+    check_ports_free(options)
+    stop = stop or threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    workspace = Path(tempfile.mkdtemp(prefix="hstu-serve-"))
+    started = time.monotonic()
+    https = None
+    server = None
+    try:
+        binary, backends, libs = prepare_backend(workspace)
+        base = BackendSettings(**{**asdict(base), "host": options.host,
+                                  "cache_metrics_port": options.cache_metrics_port,
+                                  "control_socket": str(workspace / SOCKET_NAME)})
+        write_repository(workspace / "models", base)
+        server = subprocess.Popen(server_arguments(binary, backends, workspace / "models", options),
+                                  env=server_env(libs))
+        if options.https_port:
+            https = TlsForwarder(options.host, options.https_port, (options.http_host, options.http_port),
+                                 options.tls)
+        while not models_ready(options.http_host, options.http_port):
+            if server.poll() is not None:
+                raise ServerError(f"tritonserver exited ({server.returncode}) while loading the models; see its log above")
+            if stop.wait(0.2):
+                return
+            if time.monotonic() - started > START_LIMIT_S:
+                raise ServerError(f"the models were not ready after {START_LIMIT_S:.0f} s; see tritonserver's log above")
+        print(f"hstu-replay: {options.describe()}; Python-backend models, no proxy "
+              f"(ready in {time.monotonic() - started:.1f} s)", flush=True)
+        run_until_stopped(lambda: server.poll() is None, stop)
+    except OSError as exc:
+        raise ServerError(f"tritonserver failed to start: {exc}") from None
+    finally:
+        if https is not None:
+            https.close()
+        if server is not None and server.poll() is None:
+            server.send_signal(signal.SIGINT)
+            try:
+                server.wait(60)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait(10)
+        shutil.rmtree(workspace, ignore_errors=True)
+        print("hstu-replay: server stopped", file=sys.stderr, flush=True)
