@@ -22,6 +22,8 @@ from hstu_replay.request import RequestTensors
 
 #: Optional output of our reference target: tokens each user reused from the KV cache.
 CACHED_TOKENS_OUTPUT = "CACHED_TOKENS"
+#: Optional output of a two-tier server: the part of CACHED_TOKENS onboarded from the host tier.
+HOST_CACHED_TOKENS_OUTPUT = "HOST_CACHED_TOKENS"
 
 
 @dataclass(frozen=True)
@@ -56,11 +58,13 @@ class ModelBinding:
 
     interface: ModelInterface
     reports_hits: bool
+    reports_tiers: bool = False  # HOST_CACHED_TOKENS beside CACHED_TOKENS
 
     @property
     def outputs(self) -> tuple[str, ...]:
         """The outputs each request asks for."""
-        return (self.interface.logits_output,) + ((CACHED_TOKENS_OUTPUT,) if self.reports_hits else ())
+        return ((self.interface.logits_output,) + ((CACHED_TOKENS_OUTPUT,) if self.reports_hits else ())
+                + ((HOST_CACHED_TOKENS_OUTPUT,) if self.reports_tiers else ()))
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class InferResponse:
     logits: np.ndarray  # float32 [sum(num_candidates), 8]
     cached_tokens: np.ndarray | None  # int64 [B], when the server reports its hits
     latency_s: float  # on the wire: from the request's first byte out to the answer's last byte in
+    host_cached_tokens: np.ndarray | None = None  # int64 [B]: the part onboarded from the host tier
 
 
 class Transport(Protocol):
@@ -173,8 +178,9 @@ class TritonClient:
             raise ServerError(f"cannot read model {self.options.model!r} at {self.options.url} "
                               f"({self.options.protocol}): {_one_line(exc)}{hint}") from None
         inputs, outputs = _specs_from_metadata(meta["inputs"]), _specs_from_metadata(meta["outputs"])
-        binding = ModelBinding(match_interface(self.options.model, inputs, outputs),
-                               any(t.name == CACHED_TOKENS_OUTPUT for t in outputs))
+        names = {t.name for t in outputs}
+        binding = ModelBinding(match_interface(self.options.model, inputs, outputs), CACHED_TOKENS_OUTPUT in names,
+                               CACHED_TOKENS_OUTPUT in names and HOST_CACHED_TOKENS_OUTPUT in names)
         self._check_access(binding)
         self.binding = binding
         return binding
@@ -198,7 +204,9 @@ class TritonClient:
         result, seconds = self._transport.infer(tensors.input_parts(binding.interface), binding.outputs)
         logits = checked_output(result, binding.interface.logits_output, (tensors.num_logits, NUM_TASKS))
         cached = checked_output(result, CACHED_TOKENS_OUTPUT, (tensors.batch_size,)) if binding.reports_hits else None
-        return InferResponse(logits, cached, seconds)
+        host = (checked_output(result, HOST_CACHED_TOKENS_OUTPUT, (tensors.batch_size,))
+                if binding.reports_tiers else None)
+        return InferResponse(logits, cached, seconds, host)
 
     def server_statistics(self, model: str | None = None) -> dict:
         """Triton's per-model statistics (queue/compute split) as a dict; {} if not permitted."""
