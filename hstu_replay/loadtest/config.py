@@ -258,7 +258,8 @@ class LoadTestConfig:
         target.client_options()  # the client's own checks
         report = ReportConfig(
             v["report_dir"], StageRules(v["min_stage_requests"], cache.page_tokens,
-                                        loop_lag_bound_ms=v["max_loop_lag_ms"]),
+                                        loop_lag_bound_ms=v["max_loop_lag_ms"],
+                                        tier_mix=tuple(cache.tier_mix.as_dict().items()) if cache.tier_mix else ()),
             parse_thresholds(None if v["max_mismatches"] < 0 else v["max_mismatches"],
                              None if v["max_error_ratio"] < 0 else v["max_error_ratio"],
                              v["max_p99_ms"], v["min_speedup"],

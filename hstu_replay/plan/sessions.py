@@ -10,11 +10,11 @@ history is capped (from its start, so keys still only grow) where B such users f
 
 With a tier mix (`TierSteering`) each slot is also steered to a cache tier by choosing which of
 its virtual user's keys it sends (the working set: the keys it sent before, parked), against the
-client's two-tier model of the server: a GPU hit grows a key the GPU pool holds (else a fresh key
-primed, which the GPU then holds); a host hit grows a key only the host pool holds (keys pushed
-out of the GPU by the others' growth and by the misses); a miss is a new user on a fresh key, sent
-cold, which in turn pushes the least recent key out of the GPU. Parked keys that neither pool
-holds any more, or that cannot grow, are retired.
+client's two-tier model of the server: a GPU hit is a fresh key primed to the stage's ratio
+(the GPU holds the prime); a host hit grows a key only the host pool holds, the most recently sent
+one; a miss is a fresh key sent cold. Every fresh key joins the working set and pushes the least
+recent one out of the GPU, so keys age into the host pool while they can still grow. Parked keys
+that neither pool holds any more, or that cannot grow, are retired.
 """
 
 from __future__ import annotations
@@ -155,21 +155,19 @@ class SessionSource:
         model = self.steering.model
         self._parked = [p for p in self._parked if self._keep(p, cap)]
         tier = self._pattern.next()
-        if tier is not Tier.MISS:
+        if tier is Tier.HOST:
             others = {s.user for s in self._slots if s is not slot}
-            own = [slot] if slot.key is not None else []
-            for candidate in own + self._parked[::-1]:  # the slot's own key first, then the most recent
-                if (candidate.user not in others and model.where(candidate.key) is tier
+            for candidate in self._parked[::-1]:  # the most recently sent first: the host's last to go
+                if (candidate.user not in others and model.where(candidate.key) is Tier.HOST
                         and self._grows(candidate, target, cap)):
                     self._swap(slot, candidate, cap)
                     return target
-            if tier is Tier.GPU:  # a fresh key, primed: the GPU holds it then
-                self._park(slot, cap)
-                self._next_user(slot)
-                return target
-        self._park(slot, cap)  # a miss (or no key only the host holds: a miss, which makes one)
+        self._park(slot, cap)
         self._next_user(slot)
-        return 0.0
+        # GPU: a fresh key primed to the ratio (the GPU holds the prime); its key then ages out of the GPU as
+        # newer keys come in and serves a host hit later. A miss (or no key that only the host holds, which
+        # the miss then makes): a fresh key sent cold.
+        return target if tier is Tier.GPU else 0.0
 
     def _grows(self, entry: _Slot, target: float, cap: int) -> bool:
         held = self.steering.model.held(entry.key)
