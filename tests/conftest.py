@@ -209,7 +209,7 @@ def oracle_servers(tmp_path_factory) -> Iterator[Callable[..., OracleHandle]]:
     offload_mode="flexkv") -> OracleHandle` (a host budget: the two-tier variant): each distinct
     variant is started once per session on free ports and stopped at the end. Its cache and log are shared by
     every test that asks for that variant: use keys of your own and look only at records you caused."""
-    from tests.oracle.server import MODEL_NAME
+    from tests.oracle.server import CONTROL_MODEL, MODEL_NAME
 
     started: dict[tuple, OracleHandle] = {}
 
@@ -226,7 +226,8 @@ def oracle_servers(tmp_path_factory) -> Iterator[Callable[..., OracleHandle]]:
                        "--host-budget-tokens", str(host_budget_tokens), "--offload-mode", offload_mode]
             if cached_tokens:
                 command.append("--cached-tokens")
-            server = ServerProcess(command, root / "server.log", ports, (MODEL_NAME,), ready_timeout_s=120.0, cwd=ROOT)
+            models = (MODEL_NAME, CONTROL_MODEL) if host_budget_tokens else (MODEL_NAME,)  # two tiers: a control model
+            server = ServerProcess(command, root / "server.log", ports, models, ready_timeout_s=120.0, cwd=ROOT)
             started[variant] = OracleHandle(server.launch(), root / "requests.jsonl")
         return started[variant]
 

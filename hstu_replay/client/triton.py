@@ -9,6 +9,7 @@ the request's buffers without copying them in Python.
 
 from __future__ import annotations
 
+import importlib
 import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,16 @@ from hstu_replay.request import RequestTensors
 CACHED_TOKENS_OUTPUT = "CACHED_TOKENS"
 #: Optional output of a two-tier server: the part of CACHED_TOKENS onboarded from the host tier.
 HOST_CACHED_TOKENS_OUTPUT = "HOST_CACHED_TOKENS"
+#: Outputs of a two-tier server's control model: its pools' budgets in tokens (host 0: no host tier).
+BUDGET_OUTPUTS = ("GPU_BUDGET_TOKENS", "HOST_BUDGET_TOKENS")
+
+
+@dataclass(frozen=True)
+class ServerBudgets:
+    """What a two-tier server's control model says of its pools."""
+
+    gpu_tokens: int
+    host_tokens: int
 
 
 @dataclass(frozen=True)
@@ -207,6 +218,24 @@ class TritonClient:
         host = (checked_output(result, HOST_CACHED_TOKENS_OUTPUT, (tensors.batch_size,))
                 if binding.reports_tiers else None)
         return InferResponse(logits, cached, seconds, host)
+
+    def server_budgets(self) -> ServerBudgets | None:
+        """The pools' budgets from the server's control model (`CONTROL_MODEL` with GPU_BUDGET_TOKENS and
+        HOST_BUDGET_TOKENS, asked with CLEAR 0: nothing changes); None when it has no such model."""
+        from hstu_replay.interface import CONTROL_MODEL
+
+        try:
+            meta = self._client.get_model_metadata(CONTROL_MODEL, headers=self._headers, **self._as_json())
+            if not set(BUDGET_OUTPUTS) <= {t["name"] for t in meta["outputs"]}:
+                return None
+            module = importlib.import_module(f"tritonclient.{self.options.protocol}")
+            clear = module.InferInput("CLEAR", [1], "INT64")
+            clear.set_data_from_numpy(np.zeros(1, dtype=np.int64))
+            result = self._client.infer(CONTROL_MODEL, [clear], headers=self._headers,
+                                        outputs=[module.InferRequestedOutput(n) for n in BUDGET_OUTPUTS])
+            return ServerBudgets(*(int(result.as_numpy(n).ravel()[0]) for n in BUDGET_OUTPUTS))
+        except Exception:
+            return None
 
     def server_statistics(self, model: str | None = None) -> dict:
         """Triton's per-model statistics (queue/compute split) as a dict; {} if not permitted."""

@@ -7,7 +7,7 @@ and the config checks what spans two of them. Every error names the option, the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from hstu_replay.client.triton import ClientOptions
@@ -145,6 +145,13 @@ class CacheConfig:
                               f"{self.host_budget_tokens}: use 0 or more tokens")
         if self.offload_mode not in OFFLOAD_MODES:
             raise ConfigError(f"--offload-mode {self.offload_mode!r}: use {one_of(OFFLOAD_MODES)}")
+
+    @property
+    def budgets_given(self) -> bool:
+        return bool(self.budget_tokens or self.host_budget_tokens)
+
+    def check_mix(self) -> None:
+        """Whether the pools (given, or read from the server) let the tier mix be met."""
         mix = self.tier_mix
         if mix is None:
             return
@@ -222,6 +229,13 @@ class LoadTestConfig:
         if self.data.time_scale > 0 and self.sweep.arrival.open:
             raise ConfigError("--time-scale sets the send times itself: leave --arrival closed")
 
+    def with_budgets(self, gpu_tokens: int, host_tokens: int) -> LoadTestConfig:
+        """The config with the pools' budgets a server said (options left unset), checked."""
+        cache = replace(self.cache, budget_tokens=gpu_tokens, host_budget_tokens=host_tokens)
+        cache.check_mix()
+        options = dict(self.options, cache_budget_tokens=gpu_tokens, host_budget_tokens=host_tokens)
+        return replace(self, cache=cache, options=options)
+
     @classmethod
     def from_options(cls, parsed, host: str | None = None, secrets: dict | None = None) -> LoadTestConfig:
         """The config of Locust's parsed options; `host` is Locust's --host / Host field (the
@@ -244,6 +258,8 @@ class LoadTestConfig:
         checks = CheckConfig(v["verify_fraction"], v["tolerance"])
         cache = CacheConfig(v["cache_budget_tokens"], v["cache_page_tokens"], v["host_budget_tokens"],
                             v["offload_mode"], TierMix.parse(v["tier_mix"]) if v["tier_mix"] else None)
+        if cache.budgets_given:
+            cache.check_mix()  # else once the server's control model said its budgets (loadtest.prepare)
         if cache.tier_mix is not None and not kind.steers_tiers:
             raise ConfigError(f"--tier-mix {v['tier_mix']!r}: only --workload "
                               f"{one_of(k.name for k in WORKLOADS.values() if k.steers_tiers)} steers by tier")

@@ -46,12 +46,17 @@ def test_a_run_steered_to_a_tier_mix_meets_it_and_reports_what_the_oracle_saw(or
                                                                               tmp_path, host_report):
     oracle = oracle_servers(cached_tokens=host_report, budget_tokens=GPU, host_budget_tokens=HOST)
     start = len(oracle.records())
+    # with the server's tier report the budgets are given; without it they are read from its control model
+    budgets = ("--cache-budget-tokens", str(GPU), "--host-budget-tokens", str(HOST)) if host_report else ()
     result = run_locust(tmp_path, "-u", "2", "-r", "2", "--triton-url", oracle.grpc_url, "--workload", "sessions",
                         "--store", str(sample_store), "--hit-ratios", "0.8", "--batch-sizes", "1,4",
                         "--stage-seconds", "5", "--warmup-seconds", "2", "--max-history", "256",
-                        "--verify-fraction", "0", "--cache-budget-tokens", str(GPU),
-                        "--host-budget-tokens", str(HOST), "--tier-mix", "gpu:0.6,host:0.3,miss:0.1")
+                        "--verify-fraction", "0", *budgets, "--tier-mix", "gpu:0.6,host:0.3,miss:0.1")
     assert result.returncode == 0, result.stderr[-3000:]
+    said = "the server's control model gives its pools: GPU 3,000 tokens, host 9,000 tokens"
+    assert (said in result.stderr) != host_report, result.stderr[-2000:]
+    options = result.report["run"]["options"]
+    assert (options["cache_budget_tokens"], options["host_budget_tokens"]) == (GPU, HOST)
     seen = seen_since(oracle, start)
     assert not [e for e in seen if e["violations"]]
     view = oracle_tiers(read_records(tmp_path), seen)

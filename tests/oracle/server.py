@@ -6,8 +6,9 @@ tokens per user) and writes one JSON line per request it saw.
         [--cached-tokens] [--budget-tokens N] [--page-tokens P] [--max-values V]
         [--host-budget-tokens N [--offload-mode flexkv|native]]
 
-With a host budget it keeps two tiers (`TwoTierCache`): the budget above is the GPU pool's, and
-the answer adds HOST_CACHED_TOKENS (the part of CACHED_TOKENS onboarded from the host).
+With a host budget it keeps two tiers (`TwoTierCache`): the budget above is the GPU pool's, the
+answer adds HOST_CACHED_TOKENS (the part of CACHED_TOKENS onboarded from the host), and a control
+model `hstu_kvcache_control` says both budgets (GPU_BUDGET_TOKENS, HOST_BUDGET_TOKENS).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import IO, Any
 import numpy as np
 
 MODEL_NAME = "hstu_gr_ranking_kvcache"
+CONTROL_MODEL = "hstu_kvcache_control"
 READY = "oracle: ready"
 INPUT_NAMES = ["INPUT__0", "INPUT__1", "INPUT__2", "INPUT__3", "INPUT__4"]
 NUM_FEATURES = 8  # user_id, 5 contextual features, video_id, action_weights
@@ -349,6 +351,13 @@ def serve(args: argparse.Namespace) -> None:
                     security_config=TritonSecurityConfig(restricted_endpoints=PROTECTED_ENDPOINTS)) as triton:
             triton.bind(MODEL_NAME, oracle_.infer, inputs=inputs, outputs=outputs,
                         config=ModelConfig(batching=False))
+            if two_tier:  # the two-tier contract's control model, with its budgets only
+                budgets = {"GPU_BUDGET_TOKENS": args.budget_tokens, "HOST_BUDGET_TOKENS": args.host_budget_tokens}
+                triton.bind(CONTROL_MODEL, lambda requests: [{name: np.array([value], dtype=np.int64)
+                                                              for name, value in budgets.items()} for _ in requests],
+                            inputs=[Tensor(name="CLEAR", dtype=np.int64, shape=(1,))],
+                            outputs=[Tensor(name=name, dtype=np.int64, shape=(1,)) for name in budgets],
+                            config=ModelConfig(batching=False))
             triton.run()
             print(f"{READY} on 127.0.0.1: grpc {args.grpc_port}, http {args.http_port}", flush=True)
             while not stop.wait(0.5):
