@@ -339,7 +339,8 @@ def plan_capacity(plan: NaturalPlan, run: StepRunner = run_natural_step,
             say(step_line(plan, step))
             if step["passed"]:
                 answer = {"budget_tokens": budget, "servers": servers, "total_tokens": budget * servers,
-                          "shards_measured": step["shards_measured"], "host_budget_tokens": plan.host_budget_tokens}
+                          "shards_measured": step["shards_measured"],
+                          **({"host_budget_tokens": plan.host_budget_tokens} if plan.host_budget_tokens else {})}
                 break
         if answer:
             break
