@@ -279,7 +279,8 @@ def _natural(args: argparse.Namespace) -> int:
         return NO_SUSTAINABLE_STEP_EXIT
     print(f"smallest cache meeting p99 <= {plan.slo.p99_ms:g} ms at {plan.request_rate:g} req/s: "
           f"{answer['budget_tokens']:,} tokens per server x {answer['servers']} server(s)"
-          + (f" with a host tier of {answer['host_budget_tokens']:,} tokens each" if answer.get("host_budget_tokens") else "")
+          + (f" with a host tier of {answer['host_budget_tokens']:,} tokens each"
+             if answer.get("host_budget_tokens") else "")
           + " (measured"
           + (f" on {answer['shards_measured']} of {answer['servers']} shards" if answer["servers"] > 1 else "")
           + f"; budgets picked from the computed curve); written to {path}")

@@ -63,9 +63,10 @@ def store_curves(options: CurveOptions, offload_mode: str | None = None) -> tupl
     tiers = (tier_curve(trace.cache_keys, trace.tokens, bounds, options.page_tokens, offload_mode)
              if offload_mode else None)
     seconds = time.perf_counter() - began
-    return curve, tiers, {"store": str(options.store), "users": int(len(set(trace.users.tolist()))), "visits": len(trace),
-                   "history_cap": trace.history_cap, "span_ms": int(trace.times_ms[-1] - trace.times_ms[0]),
-                   "seconds": round(seconds, 3), "visit_kinds": trace.accounts().to_dict(options.policy)}
+    info = {"store": str(options.store), "users": int(len(set(trace.users.tolist()))), "visits": len(trace),
+            "history_cap": trace.history_cap, "span_ms": int(trace.times_ms[-1] - trace.times_ms[0]),
+            "seconds": round(seconds, 3), "visit_kinds": trace.accounts().to_dict(options.policy)}
+    return curve, tiers, info
 
 
 def curve_json(curve: CacheCurve, info: dict, options: CurveOptions, budgets: list[int]) -> dict:

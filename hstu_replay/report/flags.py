@@ -20,8 +20,8 @@ RATIO_TOLERANCE = 0.005
 FLAG_MEANINGS = {
     "thin": "fewer measured requests than --min-stage-requests: its percentiles rest on too few samples",
     "off-target": "the achieved hit ratio lies farther from the target than max(0.005, one cache page / mean "
-                  "history tokens), or (steered by --tier-mix) the share of users of a tier lies more than 0.02 from its "
-                  "target: the stage measured another operating point than the one asked for",
+                  "history tokens), or (steered by --tier-mix) the share of users of a tier lies more than 0.02 "
+                  "from its target: the stage measured another operating point than the one asked for",
     "client-bound": "a load-generator process used >= 90% of a core, or its event loop ran late: the client's "
                     "own queueing may read as server latency",
     "server-down": "the server was unreachable for part of the stage: its figures mix outage and service",
