@@ -141,7 +141,6 @@ def plan_from_args(args: argparse.Namespace):
     from hstu_replay.capacity.driver import LOAD_KINDS, CapacityPlan
     from hstu_replay.capacity.metrics import metrics_url
     from hstu_replay.capacity.search import Slo
-    from hstu_replay.plan.over_limit import HistoryPolicy
 
     ratios = numbers("--hit-ratios", args.hit_ratios, 0.0)
     if any(r > 1.0 for r in ratios):

@@ -7,13 +7,6 @@ Triton's Prometheus endpoint is scraped before and after each step (and its gaug
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import shutil
-import signal
-import subprocess
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -21,15 +14,12 @@ from pathlib import Path
 
 from hstu_replay.capacity import metrics
 from hstu_replay.capacity.search import Measurement, RatioResult, Slo, StepResult, step_until_breach, summarize
+from hstu_replay.capacity.step import StepRun, fresh_dir
 from hstu_replay.capacity.workers import DEFAULT_CORE_SHARE
 from hstu_replay.errors import ConfigError, ServerError
 from hstu_replay.loadtest.command import headless_command
 
 STEPS_DIR = "steps"
-LOG_NAME = "locust.log"
-GAUGE_PERIOD_S = 2.0  # Triton refreshes its GPU/CPU gauges every 2 s by default
-KILL_GRACE_S = 15.0  # after SIGTERM, Locust writes its report; then SIGKILL
-LOCUST_BAD_START = 2  # Locust's (and hstu-replay's) exit code for bad options / unreachable server
 
 
 # -- load kinds -------------------------------------------------------------------------------
@@ -106,83 +96,9 @@ def step_command(plan: CapacityPlan, ratio: float, load: float, report_dir: Path
 
 # -- one step ---------------------------------------------------------------------------------
 
-def fresh_dir(path: Path) -> Path:
-    """The step's directory, emptied: records of an earlier run must not mix into this one."""
-    if path.exists():
-        shutil.rmtree(path)
-    path.mkdir(parents=True)
-    return path
-
-
-def stop_step(proc: subprocess.Popen, grace: float = KILL_GRACE_S) -> None:
-    """SIGTERM the process group (Locust then writes its report), SIGKILL after `grace` seconds."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def wait_step(proc: subprocess.Popen, timeout_s: float, sample: Callable[[], None] | None) -> bool:
-    """Wait for the step, sampling gauges every GAUGE_PERIOD_S; True when it ran past timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            proc.wait(min(GAUGE_PERIOD_S, left))
-            return False
-        except subprocess.TimeoutExpired:
-            if sample is not None and deadline - time.monotonic() > 0:
-                sample()
-    stop_step(proc)
-    return True
-
-
-def last_error(log: Path) -> str:
-    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("hstu-replay: error")]
-    return (errors or lines or ["(no output)"])[-1]
-
-
-def measurement_from_report(report: dict, load: float) -> Measurement:
-    """The single bin of a step's report.json; open loop is judged from the intended send time."""
-    bins = report.get("bins") or []
-    if not bins:
-        return Measurement(load, problem="the report has no measured bin")
-    b = bins[0]
-    corrected = b.get("corrected_p99_ms") is not None
-
-    def latency(key: str) -> float | None:
-        return b.get(f"corrected_{key}") if corrected else b.get(key)
-
-    errors = report.get("errors") or {}
-    stage = (report.get("stages") or [{}])[0]
-    flags = stage.get("flags") or []
-    per_request = stage.get("mean_history_tokens")
-    return Measurement(
-        load=load, requests=int(b.get("requests") or 0), throughput_rps=b.get("throughput_rps"),
-        logical_throughput=b.get("logical_throughput"), mean_ms=latency("mean_ms"), p50_ms=latency("p50_ms"),
-        p99_ms=latency("p99_ms"), error_ratio=b.get("error_ratio"), achieved_ratio=b.get("achieved_ratio"),
-        hit_source=b.get("hit_source"),
-        history_tokens=None if per_request is None or math.isnan(per_request) else
-        round(per_request * int(b.get("logical_requests") or 0)),
-        primes_per_request=b.get("primes_per_request"), server_rps=b.get("server_rps"),
-        latency_basis="intended" if corrected else "sent", requested_rps=b.get("requested_rps"),
-        server=b.get("server"), errors=dict(list(errors.items())[:3]) or None,
-        client_cpu_ms_per_request=stage.get("client_cpu_ms_per_request"),
-        client_bound=any(f.get("flag") == "client-bound" for f in flags),
-    )
-
-
 def run_step(plan: CapacityPlan, ratio: float, load: float) -> Measurement:
     """One real Locust run; raises ServerError when Locust refuses to start (bad options, no server)."""
     step_dir = fresh_dir(plan.step_dir(ratio, load))
-    log = step_dir / LOG_NAME
-    model = plan.model
     before = metrics.try_scrape(plan.metrics_url)
     cache_before = metrics.try_scrape(plan.cache_metrics_url)
     during: list[metrics.Scrape] = []
@@ -192,29 +108,12 @@ def run_step(plan: CapacityPlan, ratio: float, load: float) -> Measurement:
         if scrape is not None:
             during.append(scrape)
 
-    with log.open("w") as out:
-        proc = subprocess.Popen(step_command(plan, ratio, load, step_dir), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                                start_new_session=True)
-        try:
-            timed_out = wait_step(proc, plan.step_timeout_s, sample if plan.metrics_url else None)
-        except BaseException:  # Ctrl-C reaches only us: the step runs in its own session
-            stop_step(proc)
-            raise
+    step = StepRun(plan.step_name(ratio, load), step_command(plan, ratio, load, step_dir), step_dir,
+                   plan.step_timeout_s, sample=sample if plan.metrics_url else None)
+    measured = step.measure(load)
     after = metrics.try_scrape(plan.metrics_url)
-    step_metrics = metrics.step_metrics(before, after, during, model, cache_before,
-                                        metrics.try_scrape(plan.cache_metrics_url))
-    name = plan.step_name(ratio, load)
-    if proc.returncode == LOCUST_BAD_START and not timed_out:
-        raise ServerError(f"step {name}: Locust stopped: {last_error(log)} (log: {log})")
-    report_path = step_dir / "report.json"
-    if report_path.is_file():
-        measured = measurement_from_report(json.loads(report_path.read_text()), load)
-    else:
-        measured = Measurement(load, problem=f"Locust exited {proc.returncode} without a report: {last_error(log)}")
-    problem = f"timed out after {plan.step_timeout_s:g} s" if timed_out else measured.problem
-    return replace(measured, metrics=step_metrics, report_dir=str(step_dir), returncode=proc.returncode,
-                   problem=problem)
+    return replace(measured, metrics=metrics.step_metrics(before, after, during, plan.model, cache_before,
+                                                          metrics.try_scrape(plan.cache_metrics_url)))
 
 
 # -- the whole search -------------------------------------------------------------------------

@@ -26,19 +26,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from hstu_replay.capacity.driver import (LOCUST_BAD_START, fresh_dir, last_error, measurement_from_report, stop_step,
-                                         wait_step)
 from hstu_replay.capacity.search import Measurement, Slo, judge
 from hstu_replay.capacity.shards import combine, spread
+from hstu_replay.capacity.step import StepRun, fresh_dir
 from hstu_replay.errors import ConfigError, ServerError
 from hstu_replay.interface import Limits
 from hstu_replay.loadtest.command import headless_command
@@ -219,27 +216,11 @@ def run_natural_step(plan: NaturalPlan, budget: int, servers: int, shard: int) -
             server.wait_ready()
         except StartFailed as exc:
             raise ServerError(f"the target did not start with budget {budget}: {exc}") from None
-        log = step_dir / "locust.log"
-        with log.open("w") as out:
-            proc = subprocess.Popen(step_command(plan, server.grpc_url, budget, servers, shard, step_dir),
-                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
-            try:
-                timed_out = wait_step(proc, plan.warmup_seconds + plan.step_seconds + 120.0, None)
-            except BaseException:
-                stop_step(proc, SERVER_STOP_GRACE_S)
-                raise
+        step = StepRun(name, step_command(plan, server.grpc_url, budget, servers, shard, step_dir), step_dir,
+                       plan.warmup_seconds + plan.step_seconds + 120.0, stop_grace_s=SERVER_STOP_GRACE_S)
+        return step.measure(float(budget))
     finally:
         server.stop(SERVER_STOP_GRACE_S)
-    if proc.returncode == LOCUST_BAD_START and not timed_out:
-        raise ServerError(f"step {name}: Locust stopped: {last_error(log)} (log: {log})")
-    report = step_dir / "report.json"
-    if not report.is_file():
-        return Measurement(float(budget), problem=f"Locust exited {proc.returncode} without a report: {last_error(log)}",
-                           report_dir=str(step_dir))
-    measured = measurement_from_report(json.loads(report.read_text()), float(budget))
-    return replace(measured, report_dir=str(step_dir), returncode=proc.returncode,
-                   problem="timed out" if timed_out else measured.problem)
 
 
 StepRunner = Callable[[NaturalPlan, int, int, int], Measurement]

@@ -15,7 +15,8 @@ import pytest
 
 from hstu_replay.report import capacity as capacity_report
 from hstu_replay.capacity.cli import plan_from_args
-from hstu_replay.capacity.driver import LOAD_KINDS, CapacityPlan, step_command, measurement_from_report, run_capacity
+from hstu_replay.capacity.driver import LOAD_KINDS, CapacityPlan, run_capacity, step_command
+from hstu_replay.capacity.step import measurement_from_report
 from hstu_replay.capacity.search import Measurement, Slo
 from hstu_replay.cli import build_parser, main
 from hstu_replay.report import plots
