@@ -14,12 +14,14 @@ fresh keys, and the window's curve figure is recomputed with that loss.
 Every figure in capacity_natural.json says whether it was computed (the curve) or measured
 (a real run: the server's own hit counters and the run's latency).
 
-With a host tier (`--host-budget-tokens`, the same for every budget searched) each target gets
-that host pool behind the GPU budget being searched, the Locust client models both tiers, and
-each step adds the token hit ratio per tier: computed from the two-tier curve (`plan.tier_curve`)
-and measured from the run's report (the server's word where it sends HOST_CACHED_TOKENS). The
-search is over GPU budgets at one host budget; the grid over both is `plan cache-curve
---budgets ... --host-budgets ...`.
+With host budgets (`--host-budgets`) the GPU search runs behind each host budget in turn: each
+target gets that host pool behind the GPU budget being measured, the Locust client models both
+tiers, and each step adds the token hit ratio per tier, computed from the two-tier curve
+(`plan.tier_curve`) and measured from the run's report (the server's word where it sends
+HOST_CACHED_TOKENS). The result's `frontier` says, per host budget, the GPU memory that meets the
+SLO; the answer is the pair needing the least GPU memory. The GPU budgets measured are the same
+behind every host budget (picked from the one-tier curve, or given); the computed grid over both
+is `plan cache-curve --budgets ... --host-budgets ...`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -70,6 +72,7 @@ class NaturalPlan:
     shards_measured: int = 0  # with n servers, measure shards 0..K-1 of n (0: all n)
     host_budget_tokens: int = 0  # a host tier of this many tokens behind every GPU budget (0: none)
     offload_mode: str = "flexkv"
+    host_budgets: tuple[int, ...] = ()  # search the GPU budgets behind each of these host budgets in turn
 
     @property
     def host_args(self) -> tuple[str, ...]:
@@ -205,7 +208,8 @@ def step_command(plan: NaturalPlan, grpc_url: str, budget: int, servers: int, sh
 def run_natural_step(plan: NaturalPlan, budget: int, servers: int, shard: int) -> Measurement:
     """A fresh built-in target with `budget`, one natural replay of shard `shard` of `servers` at its
     share of the rate."""
-    name = f"b{budget}_s{servers}" + (f"_shard{shard}" if servers > 1 else "")
+    name = (f"b{budget}" + (f"_host{plan.host_budget_tokens}" if plan.host_budget_tokens else "") + f"_s{servers}"
+            + (f"_shard{shard}" if servers > 1 else ""))
     step_dir = fresh_dir(plan.out_dir / "steps" / name)
     server = ServerProcess.serve(plan.repository, step_dir / "server.log", None, "--cache-budget-tokens", str(budget),
                                  "--page-tokens", str(plan.page_tokens), *plan.host_args, *plan.serve_args,
@@ -302,29 +306,43 @@ def step_line(plan: NaturalPlan, step: dict) -> str:
     return line
 
 
-def plan_capacity(plan: NaturalPlan, run: StepRunner = run_natural_step,
-                  say: Callable[[str], None] = print) -> dict:
-    """Measure budgets in ascending order until one meets the SLO; the result, labelled."""
-    computed = curves(plan)
-    two_tier = tier_curves(plan)
-    kinds = visit_kinds(plan)
-    say(accounts_line(kinds["log"]))
-    budgets = list(plan.budgets) or pick_budgets(computed[1][0], plan.curve_ratios)
-    if not budgets:
-        raise ConfigError(f"--store {plan.store}: its curve reaches none of the ratios {plan.curve_ratios}")
-    steps, answer = [], None
+def search_budgets(plan: NaturalPlan, run: StepRunner, say: Callable[[str], None], computed: dict, two_tier: dict,
+                   budgets: list[int]) -> tuple[list[dict], dict | None]:
+    """GPU budgets in ascending order (and server counts) behind the plan's host budget, until one meets the SLO."""
+    steps = []
     for budget in sorted(budgets):
         for servers in range(1, plan.max_servers + 1):
             step = measure_shards(plan, run, computed[servers], budget, two_tier.get(servers))
             steps.append(step)
             say(step_line(plan, step))
             if step["passed"]:
-                answer = {"budget_tokens": budget, "servers": servers, "total_tokens": budget * servers,
-                          "shards_measured": step["shards_measured"],
-                          **({"host_budget_tokens": plan.host_budget_tokens} if plan.host_budget_tokens else {})}
-                break
-        if answer:
-            break
+                return steps, {"budget_tokens": budget, "servers": servers, "total_tokens": budget * servers,
+                               "shards_measured": step["shards_measured"],
+                               **({"host_budget_tokens": plan.host_budget_tokens} if plan.host_budget_tokens else {})}
+    return steps, None
+
+
+def plan_capacity(plan: NaturalPlan, run: StepRunner = run_natural_step,
+                  say: Callable[[str], None] = print) -> dict:
+    """Measure budgets in ascending order until one meets the SLO; the result, labelled. With host
+    budgets, the GPU search runs behind each in turn: per host budget the GPU memory it needs
+    (`frontier`), and the answer is the pair needing the least GPU memory (then the least host)."""
+    computed = curves(plan)
+    hosts = plan.host_budgets or (plan.host_budget_tokens,)
+    two_tier = tier_curves(replace(plan, host_budget_tokens=max(hosts)))
+    kinds = visit_kinds(plan)
+    say(accounts_line(kinds["log"]))
+    budgets = list(plan.budgets) or pick_budgets(computed[1][0], plan.curve_ratios)
+    if not budgets:
+        raise ConfigError(f"--store {plan.store}: its curve reaches none of the ratios {plan.curve_ratios}")
+    steps, frontier = [], []
+    for host in sorted(hosts):
+        found, answer = search_budgets(replace(plan, host_budget_tokens=host), run, say, computed,
+                                       two_tier if host else {}, budgets)
+        steps += found
+        frontier.append({"host_budget_tokens": host, "answer": answer})
+    answers = [f["answer"] for f in frontier if f["answer"]]
+    answer = min(answers, key=lambda a: (a["total_tokens"], a.get("host_budget_tokens", 0)), default=None)
     return {
         "slo": asdict(plan.slo), "request_rate": plan.request_rate, "store": plan.store,
         "shards_measured": plan.shards_measured or None,
@@ -333,6 +351,7 @@ def plan_capacity(plan: NaturalPlan, run: StepRunner = run_natural_step,
                                    "requests": c.requests} for i, c in enumerate(cs)] for n, cs in computed.items()},
                   "visit_kinds": kinds},
         "steps": steps, "answer": answer,
+        **({"frontier": frontier} if plan.host_budgets else {}),
         "labels": {"computed": "from the one-pass curve of the store's natural replay, no server involved",
                    "measured": "from a real natural-replay run: the server's own hit counters, the run's latency; "
                                "with n servers, each shard against its own fresh target in turn, the worst "

@@ -119,3 +119,27 @@ def test_a_host_tier_behind_each_budget_computed_per_tier_and_passed_to_target_a
         assert step["tiers"]["computed"] == {"gpu_ratio": gpu / tokens, "host_ratio": host / tokens}, step
         assert step["tiers"]["measured"][0]["host_ratio"] == 0.5
     assert result["steps"][0]["tiers"]["computed"]["host_ratio"] > 0
+
+
+def test_behind_each_host_budget_the_gpu_memory_that_meets_the_slo(long_store, tmp_path):
+    """--host-budgets: the GPU search runs behind each host budget; the frontier says what each needs and the
+    answer is the pair with the least GPU memory (a stand-in runs the steps: a host tier lets a smaller GPU pass)."""
+    from hstu_replay.capacity.natural import NaturalPlan, plan_capacity
+    from hstu_replay.capacity.search import Measurement, Slo
+
+    plan = NaturalPlan(str(long_store), str(tmp_path), tmp_path, Slo(100.0, 0.01), 10.0, budgets=(1500, 4000),
+                       max_history=256, host_budgets=(0, 6000))
+    seen = []
+
+    def run(plan_, budget, servers, shard):
+        seen.append((plan_.host_budget_tokens, budget))
+        passes = budget >= (1500 if plan_.host_budget_tokens else 4000)
+        return Measurement(float(budget), requests=40, throughput_rps=10.0, p50_ms=1.0,
+                           p99_ms=50.0 if passes else 500.0, error_ratio=0.0, achieved_ratio=0.5)
+
+    result = plan_capacity(plan, run, say=lambda line: None)
+    assert seen == [(0, 1500), (0, 4000), (6000, 1500)]
+    assert [(f["host_budget_tokens"], f["answer"]["budget_tokens"]) for f in result["frontier"]] == [(0, 4000),
+                                                                                                    (6000, 1500)]
+    assert result["answer"]["budget_tokens"] == 1500 and result["answer"]["host_budget_tokens"] == 6000
+    assert [s["tiers"] is None for s in result["steps"]] == [True, True, False]
