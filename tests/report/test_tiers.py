@@ -48,3 +48,18 @@ def test_the_table_beside_the_hit_ratios():
     header, row = tier_table(report)
     assert header[:8] == ["batch", "target", "gpu hit", "host hit", "from", "mix gpu", "mix host", "mix miss"]
     assert row[:9] == ["1", "0.5", "0.350", "0.150", "server", "0.700", "0.200", "0.100", "gpu:0.6,host:0.3,miss:0.1"]
+
+
+def test_the_html_report_shows_the_tiers_beside_the_hit_ratios():
+    import re
+
+    from hstu_replay.report.html import render_html
+
+    report = build_report(RunStats({BinKey(1, 0.5): stats(True)}),
+                          {"options": {"host_budget_tokens": 9000, "tier_mix": "gpu:0.6,host:0.3,miss:0.1"}},
+                          rules=StageRules(tier_mix=(("gpu", 0.6), ("host", 0.3), ("miss", 0.1))))
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", render_html(report)))
+    assert "Cache tiers: GPU hit, host hit, miss" in text
+    assert "1 0.5 0.350 0.150 server 0.700 0.200 0.100 gpu:0.6,host:0.3,miss:0.1" in text
+    plain = build_report(RunStats({BinKey(1, 0.5): stats(False)}), {"options": {}})
+    assert "Cache tiers" not in render_html(plain)
