@@ -64,6 +64,8 @@ class ModelInterface:
     #: whether the model keeps a KV cache keyed by `user_ids` (declared, not guessed from field
     #: names: the Python-backend model takes user ids but caches nothing)
     uses_cache: bool = False
+    #: outputs the reference target adds beyond the published signature (NVIDIA's server sends none)
+    extensions: tuple[TensorSpec, ...] = ()
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -93,6 +95,8 @@ KVCACHE = ModelInterface(
     },
     logits_output="OUTPUT__0",
     uses_cache=True,
+    # CACHED_TOKENS: tokens reused per user, both tiers; HOST_CACHED_TOKENS: the part onboarded from the host tier
+    extensions=(_int64("CACHED_TOKENS"), _int64("HOST_CACHED_TOKENS")),
 )
 
 NOCACHE = ModelInterface(

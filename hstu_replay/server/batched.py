@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from hstu_replay.request import RequestTensors, UserRequest
 from hstu_replay.server.config import ModelConfig
 from hstu_replay.server.engine import InferResult, check_fits, history_ids
+from hstu_replay.server.host_tier import HostTierOptions, KVLayout
 from hstu_replay.server.model import ITEM_KIND, HSTUModel, history_kinds
 from hstu_replay.server.paged_attention import WorkPlan, paged_attention
 from hstu_replay.server.paged_cache import PagedKVCache, UserPages
@@ -42,6 +43,7 @@ class BatchedEngine:
             placed = self.cache.begin(keys, totals)
             try:
                 logits = self._forward(users, placed)
+                self.cache.offload(placed)
             except Exception:
                 for key in keys:  # the ledger already counts these users as held: undo
                     self.cache.forget(key)
@@ -49,7 +51,8 @@ class BatchedEngine:
             finally:
                 self.cache.finish(keys)
         hits = np.array([p.hit for p in placed], dtype=np.int64)
-        return InferResult(logits, hits, np.array(totals, dtype=np.int64) - hits)
+        onboarded = np.array([p.onboarded for p in placed], dtype=np.int64)
+        return InferResult(logits, hits, np.array(totals, dtype=np.int64) - hits, onboarded)
 
     def clear_cache(self) -> None:
         with self._lock:
@@ -93,8 +96,12 @@ class BatchedEngine:
         return logits.cpu().numpy().reshape(-1, 8)
 
 
-def build_batched_engine(model: HSTUModel, budget_tokens: int, page_tokens: int) -> BatchedEngine:
-    """An engine over `model` (already on its device) with a pool for `budget_tokens` cached tokens."""
+def build_batched_engine(model: HSTUModel, budget_tokens: int, page_tokens: int,
+                         host: HostTierOptions | None = None) -> BatchedEngine:
+    """An engine over `model` (already on its device) with a pool for `budget_tokens` cached tokens
+    and, given `host`, a host tier behind it."""
     weight = model.embed.table.weight
-    cache = PagedKVCache(model.config, budget_tokens, page_tokens, weight.device, weight.dtype)
+    layout = KVLayout(model.config.num_layers, model.config.num_heads, model.config.head_dim, weight.dtype)
+    tier = (host or HostTierOptions()).build(page_tokens, layout, weight.device)
+    cache = PagedKVCache(model.config, budget_tokens, page_tokens, weight.device, weight.dtype, tier)
     return BatchedEngine(model, cache)

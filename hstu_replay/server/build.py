@@ -19,8 +19,9 @@ from hstu_replay.interface import KVCACHE, NOCACHE
 from hstu_replay.server.aoti import export_nocache_package, export_package, load_nocache_package, load_package
 from hstu_replay.server.config import ModelConfig, get_config
 from hstu_replay.server.engine import PackagedRanker, RankingEngine
+from hstu_replay.server.host_tier import HostTierOptions, KVLayout
 from hstu_replay.server.kvcache import KVCache
-from hstu_replay.server.model import build_model
+from hstu_replay.server.model import build_model, torch_dtype
 from hstu_replay.server.repository import RepositoryLayout, TargetMeta, read_meta, write_configs, write_meta
 from hstu_replay.server.serve import Engines
 
@@ -46,34 +47,37 @@ def export_repository(root: str | Path, config_name: str, seed: int, device: str
     return meta
 
 
-def load_engines(root: str | Path, cache_budget_tokens: int | None, page_tokens: int, device: str) -> Engines:
-    """The `aoti` engines of a compiled repository."""
+def load_engines(root: str | Path, cache_budget_tokens: int | None, page_tokens: int, device: str,
+                 host: HostTierOptions = HostTierOptions()) -> Engines:
+    """The `aoti` engines of a compiled repository (with a host tier behind the cache when `host` has a budget)."""
     layout = RepositoryLayout(Path(root))
     if not layout.is_complete():
         raise InputError(f"{root}: no compiled repository here; run `hstu-replay server export` first")
     meta = read_meta(layout)
     config = get_config(meta.config)
-    cache = KVCache(cache_budget_tokens if cache_budget_tokens else 1 << 62, page_tokens)
+    kv = KVLayout(config.num_layers, config.num_heads, config.head_dim, torch_dtype(config))
+    cache = KVCache(cache_budget_tokens if cache_budget_tokens else 1 << 62, page_tokens,
+                    host.build(page_tokens, kv, device), kv)
     cached = RankingEngine(config, load_package(layout.package(KVCACHE)), cache, device)
     uncached = PackagedRanker(config, load_nocache_package(layout.package(NOCACHE)))
     return Engines(cached=cached, uncached=uncached)
 
 
 def _aoti_engines(repository: str | Path, config: ModelConfig, seed: int, cache_budget_tokens: int,
-                  page_tokens: int, device: str) -> Engines:
+                  page_tokens: int, device: str, host: HostTierOptions = HostTierOptions()) -> Engines:
     if config != get_config(config.name):
         raise ConfigError("--dtype applies to --engine batched; the compiled packages keep the config's type")
     export_repository(repository, config.name, seed, device)
-    return load_engines(repository, cache_budget_tokens, page_tokens, device)
+    return load_engines(repository, cache_budget_tokens, page_tokens, device, host)
 
 
 def _batched_engines(repository: str | Path, config: ModelConfig, seed: int, cache_budget_tokens: int,
-                     page_tokens: int, device: str) -> Engines:
+                     page_tokens: int, device: str, host: HostTierOptions = HostTierOptions()) -> Engines:
     """One eager model; the no-cache models get a pool that keeps nothing. `repository` is unused."""
     from hstu_replay.server.batched import build_batched_engine
 
     model = build_model(config, seed).to(device)
-    return Engines(cached=build_batched_engine(model, cache_budget_tokens, page_tokens),
+    return Engines(cached=build_batched_engine(model, cache_budget_tokens, page_tokens, host),
                    uncached=build_batched_engine(model, 0, page_tokens))
 
 

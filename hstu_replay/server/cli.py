@@ -20,6 +20,12 @@ SERVE_OPTIONS = (
     Option("--cache-metrics-port", "the KV-cache counters' port", 8003, int),
     Option("--cache-budget-tokens", "KV-cache capacity in tokens (published: 102,400 pages of 32)", 3_276_800, int),
     PAGE_TOKENS,
+    Option("--host-budget-tokens", "host tier behind the KV cache, in tokens (0: none); users evicted from the "
+                                   "GPU pool keep what was offloaded there (NVIDIA's reference: cpu_cache_gb 1)", 0, int),
+    Option("--offload-mode", "when K/V go to the host tier, as NVIDIA's backends do: native (once a whole chunk "
+                             "is not yet offloaded, whole chunks) or flexkv (after every forward pass)", "native",
+           choices=("native", "flexkv")),
+    Option("--offload-chunk-tokens", "the native mode's chunk (NVIDIA's offload_chunksize)", 1024, int),
     Option("--engine", "aoti: the compiled packages, one user at a time; batched: every user of a request in one "
                        "pass over a paged KV pool (the fast path on a GPU; nothing to compile)", "aoti",
            choices=("aoti", "batched")),
@@ -123,12 +129,14 @@ def _serve(args) -> int:
     threads = apply_threads(args.threads)  # before torch's first import: OpenMP reads its environment once
     from hstu_replay.server.build import ENGINE_KINDS
     from hstu_replay.server.config import get_config
+    from hstu_replay.server.host_tier import HostTierOptions, OffloadMode
     from hstu_replay.server.serve import RequiredHeader, ServeOptions, check_ports_free, serve
     from hstu_replay.server.tls_proxy import TlsFiles
     from hstu_replay.server.watchdog import start_watchdog
 
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ConfigError("--tls-cert and --tls-key go together")
+    host = HostTierOptions(args.host_budget_tokens, OffloadMode(args.offload_mode), args.offload_chunk_tokens)
     options = ServeOptions(args.host, args.http_port, args.grpc_port, args.metrics_port, args.cache_metrics_port,
                            args.log_verbose, TlsFiles(args.tls_cert, args.tls_key) if args.tls_cert else None,
                            args.https_port,
@@ -139,7 +147,7 @@ def _serve(args) -> int:
     device = resolve_device(args.device)
     config = get_config(args.config, args.dtype)
     engines = ENGINE_KINDS[args.engine](args.repository, config, args.seed, args.cache_budget_tokens,
-                                        args.page_tokens, device)
+                                        args.page_tokens, device, host)
     serve(engines, options)
     return 0
 

@@ -18,7 +18,7 @@ from hstu_replay.errors import InputError, LimitError
 from hstu_replay.interface import NUM_CONTEXT_TOKENS
 from hstu_replay.request import RequestTensors, UserRequest
 from hstu_replay.server.config import ModelConfig
-from hstu_replay.server.kvcache import KVCache
+from hstu_replay.server.kvcache import KVCache, Reuse
 from hstu_replay.server.model import Compute, torch_dtype
 
 
@@ -27,6 +27,7 @@ class InferResult:
     logits: np.ndarray  # float32 [sum(num_candidates), 8], candidates in batch order
     cached_tokens: np.ndarray  # int64 [B]: history tokens reused from the cache
     computed_tokens: np.ndarray  # int64 [B]: history tokens computed (candidates not counted)
+    host_cached_tokens: np.ndarray  # int64 [B]: the part of cached_tokens onboarded from the host tier
 
 
 def history_ids(user: UserRequest) -> np.ndarray:
@@ -83,7 +84,7 @@ class RankingEngine:
         if self.cache is not None:
             reuse_plan = self.cache.begin([u.key for u in users], totals)
         else:
-            reuse_plan = [(0, None)] * len(users)
+            reuse_plan = [Reuse(0, None, 0)] * len(users)
         try:
             return self._compute(users, totals, reuse_plan)
         except Exception:
@@ -92,9 +93,10 @@ class RankingEngine:
                     self.cache.forget(user.key)
             raise
 
-    def _compute(self, users: list[UserRequest], totals: list[int], reuse_plan) -> InferResult:
+    def _compute(self, users: list[UserRequest], totals: list[int], reuse_plan: list[Reuse]) -> InferResult:
         logits, cached, computed = [], [], []
-        for user, total, (reuse, entry) in zip(users, totals, reuse_plan):
+        for user, total, plan in zip(users, totals, reuse_plan):
+            reuse, entry = plan.hit, plan.entry
             past_k = self._empty if entry is None else entry.k[:, :reuse]
             past_v = self._empty if entry is None else entry.v[:, :reuse]
             ids = torch.from_numpy(history_ids(user)[reuse:]).to(self.device)
@@ -111,6 +113,7 @@ class RankingEngine:
             logits=np.concatenate(logits).astype(np.float32, copy=False).reshape(-1, 8),
             cached_tokens=np.array(cached, dtype=np.int64),
             computed_tokens=np.array(computed, dtype=np.int64),
+            host_cached_tokens=np.array([r.onboarded for r in reuse_plan], dtype=np.int64),
         )
 
 
@@ -131,7 +134,8 @@ class PackagedRanker:
             logits = self.package(*(torch.from_numpy(np.ascontiguousarray(a)) for a in
                                     (tensors.values, tensors.lengths, tensors.num_candidates)))
         zeros = np.zeros(tensors.batch_size, dtype=np.int64)
-        return InferResult(logits.float().cpu().numpy().reshape(-1, 8), zeros, tensors.total_history_lengths.copy())
+        return InferResult(logits.float().cpu().numpy().reshape(-1, 8), zeros, tensors.total_history_lengths.copy(),
+                           zeros)
 
     def clear_cache(self) -> None:
         pass

@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
-from hstu_replay.cache_ledger import CacheLedger, LedgerOutcome
+from hstu_replay.cache_ledger import CacheLedger
+from hstu_replay.server.host_tier import HostTier, KVLayout, TierLookup, host_stats
 
 
 @dataclass(frozen=True)
@@ -37,15 +39,17 @@ class CacheCounters:
     evicted_users: int = 0
     requests: int = 0
 
-    def count(self, outcome: LedgerOutcome, total_history_lengths: Sequence[int]) -> None:
-        """One request the ledger served."""
-        self.evicted_users += len(outcome.evicted)
+    def count(self, hits: Sequence[int], evicted_users: int, total_history_lengths: Sequence[int]) -> None:
+        """One request served: tokens reused per user (both tiers), users the primary pool evicted."""
+        self.evicted_users += evicted_users
         self.requests += 1
-        for hit, total in zip(outcome.hits, total_history_lengths):
+        for hit, total in zip(hits, total_history_lengths):
             self.hit_tokens += hit
             self.computed_tokens += total - hit
 
-    def stats(self, ledger: CacheLedger, resident_users: int) -> dict[str, int]:
+    def stats(self, ledger: CacheLedger, resident_users: int, host: HostTier | None) -> dict[str, int]:
+        """The primary pool's figures (hit tokens are both tiers'), then the host tier's."""
+        budget = ledger.budget_pages
         return {
             "hit_tokens": self.hit_tokens,
             "computed_tokens": self.computed_tokens,
@@ -56,12 +60,40 @@ class CacheCounters:
             "used_pages": ledger.resident_pages,
             "budget_pages": -1 if ledger.budget_pages is None else ledger.budget_pages,
             "page_tokens": ledger.page_tokens,
-        }
+            "gpu_budget_tokens": -1 if budget is None else int64_or_unknown(budget * ledger.page_tokens),
+        } | host_stats(host)
+
+
+def int64_or_unknown(value: int) -> int:
+    """A figure as the control model's INT64 carries it: -1 where it does not fit (an unbounded budget)."""
+    return value if value < 2**63 else -1
+
+
+def merge_tiers(ledger_hits: Sequence[int], keys: Sequence[int], totals: Sequence[int],
+                host: HostTier | None) -> TierLookup:
+    """Both tiers' holdings for one request (no host tier: the primary pool's alone)."""
+    if host is None:
+        return TierLookup(tuple(ledger_hits), (0,) * len(ledger_hits))
+    return host.lookup(keys, totals, ledger_hits)
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """One user of a request in the per-user cache: tokens reused, the entry holding them, the part onboarded."""
+
+    hit: int
+    entry: CacheEntry | None
+    onboarded: int
 
 
 class KVCache:
-    def __init__(self, max_tokens: int | None, page_tokens: int = 32) -> None:
+    """`host`: the tier behind it (None: none); `layout` sizes its memory figures (None: they read -1)."""
+
+    def __init__(self, max_tokens: int | None, page_tokens: int = 32, host: HostTier | None = None,
+                 layout: KVLayout | None = None) -> None:
         self.ledger = CacheLedger(max_tokens, page_tokens)
+        self.host = host
+        self.layout = layout
         self._entries: dict[int, CacheEntry] = {}
         self.counters = CacheCounters()
 
@@ -81,18 +113,40 @@ class KVCache:
     def check_request(self, keys: Sequence[int], total_history_lengths: Sequence[int]) -> None:
         """Refuse what the published server would silently get wrong; touches nothing."""
         self.ledger.check(list(zip(keys, total_history_lengths)))
+        if self.host is not None:
+            self.host.check(keys, total_history_lengths)
 
-    def begin(self, keys: Sequence[int], total_history_lengths: Sequence[int]) -> list[tuple[int, CacheEntry | None]]:
-        """Account one request; per user, the tokens to reuse and the entry holding them."""
+    def begin(self, keys: Sequence[int], total_history_lengths: Sequence[int]) -> list[Reuse]:
+        """Account one request; per user, the tokens to reuse and the entry holding them (onboarded
+        from the host tier where it holds more than the primary pool)."""
         entries = [self._entries.get(k) for k in keys]
         outcome = self.ledger.serve(list(zip(keys, total_history_lengths)))
         for key in outcome.evicted:
             self._entries.pop(key, None)
-        self.counters.count(outcome, total_history_lengths)
-        return list(zip(outcome.hits, entries))
+        lookup = merge_tiers(outcome.hits, keys, total_history_lengths, self.host)
+        for i, (key, onboarded) in enumerate(zip(keys, lookup.onboarded)):
+            if onboarded:
+                entries[i] = self._onboard(key, onboarded)
+        self.counters.count(lookup.hits, len(outcome.evicted), total_history_lengths)
+        return [Reuse(*r) for r in zip(lookup.hits, entries, lookup.onboarded)]
+
+    def _onboard(self, key: int, tokens: int) -> CacheEntry:
+        lay = self.host.layout
+        shape = (lay.layers, tokens, lay.heads, lay.head_dim)
+        k, v = (torch.empty(shape, dtype=lay.dtype, device=self.host.device) for _ in range(2))
+
+        def write(start: int, k_part: Tensor, v_part: Tensor) -> None:
+            k[:, start:start + k_part.shape[1]] = k_part
+            v[:, start:start + v_part.shape[1]] = v_part
+
+        self.host.onboard(key, tokens, write)
+        return CacheEntry(k, v)
 
     def store(self, key: int, k: Tensor, v: Tensor) -> bool:
-        """Keep `key`'s K/V if the ledger holds exactly that history for it; else drop it."""
+        """After a user's forward pass: offload to the host tier what its mode says, then keep
+        `key`'s K/V if the ledger holds exactly that history for it; else drop it."""
+        if self.host is not None:
+            self.host.offload(key, int(k.shape[1]), lambda start, end: (k[:, start:end], v[:, start:end]))
         if self.ledger.held(key) == int(k.shape[1]):
             self._entries[key] = CacheEntry(k, v)
             return True
@@ -103,12 +157,24 @@ class KVCache:
         """Hold nothing for `key` (a request that failed half-way)."""
         self.ledger.forget(key)
         self._entries.pop(key, None)
+        if self.host is not None:
+            self.host.forget(key)
 
     def clear(self) -> None:
-        """Drop every entry and zero the counters: what a server restart does."""
+        """Drop every entry (both tiers) and zero the counters: what a server restart does."""
         self.ledger.clear()
         self._entries.clear()
         self.counters = CacheCounters()
+        if self.host is not None:
+            self.host.clear()
 
     def stats(self) -> dict[str, int]:
-        return self.counters.stats(self.ledger, len(self._entries))
+        """Memory: the bytes the entries hold now, and the budget's (-1 without a layout or a budget)."""
+        budget = self.ledger.budget_pages
+        resident = sum(e.k.nbytes + e.v.nbytes for e in self._entries.values())
+        per_token = -1 if self.layout is None else self.layout.bytes_per_token
+        return self.counters.stats(self.ledger, len(self._entries), self.host) | {
+            "resident_bytes": resident,
+            "budget_bytes": -1 if budget is None or per_token < 0 else int64_or_unknown(
+                budget * self.ledger.page_tokens * per_token),
+        }

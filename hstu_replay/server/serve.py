@@ -1,11 +1,12 @@
 """Serve the reference target on a real tritonserver (the one bundled with nvidia-pytriton).
 
 Models hosted, each with the published tensor names, dtypes and dims:
-- `hstu_gr_ranking_kvcache` (5 inputs) backed by the per-user KV cache; an extra output
-  `CACHED_TOKENS` (INT64 [B], tokens each user reused) is evidence of hits for any client;
+- `hstu_gr_ranking_kvcache` (5 inputs) backed by the per-user KV cache; extra outputs
+  `CACHED_TOKENS` (INT64 [B], tokens each user reused, both tiers) are evidence of hits for any
+  client, `HOST_CACHED_TOKENS` (INT64 [B]) the part of them onboarded from the host tier;
 - `hstu_gr_ranking` (3 inputs), no cache;
 - `hstu_model` (the older Python-backend interface, 4 inputs), no cache;
-- `hstu_kvcache_control`: reads the cache counters, and empties the cache when CLEAR is 1.
+- `hstu_kvcache_control`: reads the cache counters (both tiers, memory), and empties the cache when CLEAR is 1.
 Prometheus counters of cached vs computed tokens are served on their own port (default 8003),
 beside Triton's own /metrics (8002).
 """
@@ -35,7 +36,31 @@ from hstu_replay.server.batched import BatchedEngine
 from hstu_replay.server.engine import PackagedRanker, RankingEngine
 from hstu_replay.server.tls_proxy import TlsFiles, TlsForwarder
 
-CONTROL_OUTPUTS = ("HIT_TOKENS", "COMPUTED_TOKENS", "EVICTED_USERS", "RESIDENT_TOKENS", "REQUESTS")
+CONTROL_OUTPUTS = ("HIT_TOKENS", "COMPUTED_TOKENS", "EVICTED_USERS", "RESIDENT_TOKENS", "REQUESTS",
+                   # the host tier (HIT_TOKENS stays both tiers' total) and the KV memory
+                   "HOST_HIT_TOKENS", "HOST_RESIDENT_TOKENS", "ONBOARDED_BYTES", "ONBOARD_MICROS", "OFFLOADED_BYTES",
+                   "OFFLOAD_MICROS", "GPU_BUDGET_TOKENS", "HOST_BUDGET_TOKENS", "RESIDENT_BYTES", "BUDGET_BYTES")
+#: /metrics of the cache-metrics port: (stats key, Prometheus type, help); counters get `_total`
+CACHE_METRICS = (
+    ("hit_tokens", "counter", "History tokens reused from the KV cache (both tiers)"),
+    ("computed_tokens", "counter", "History tokens computed (not found in the KV cache)"),
+    ("evicted_users", "counter", "Users evicted from the KV cache's primary pool"),
+    ("requests", "counter", "Requests served by the KV-cache model"),
+    ("host_hit_tokens", "counter", "History tokens reused by onboarding them from the host tier"),
+    ("onboarded_bytes", "counter", "K/V bytes copied from the host tier into the primary pool"),
+    ("onboard_micros", "counter", "Microseconds spent onboarding from the host tier"),
+    ("offloaded_bytes", "counter", "K/V bytes copied from the primary pool to the host tier"),
+    ("offload_micros", "counter", "Microseconds spent offloading to the host tier"),
+    ("host_evicted_users", "counter", "Users evicted from the host tier"),
+    ("resident_tokens", "gauge", "Tokens held in the KV cache's primary pool"),
+    ("host_resident_tokens", "gauge", "Tokens held in the host tier"),
+    ("gpu_budget_tokens", "gauge", "Budget of the primary pool in tokens (-1: unbounded)"),
+    ("host_budget_tokens", "gauge", "Budget of the host tier in tokens (0: no host tier)"),
+    ("resident_bytes", "gauge", "KV memory the primary pool holds now"),
+    ("budget_bytes", "gauge", "KV memory of the primary pool at its full size (-1: unbounded)"),
+    ("host_resident_bytes", "gauge", "K/V bytes held in the host tier"),
+    ("host_budget_bytes", "gauge", "Budget of the host tier in bytes"),
+)
 #: Triton endpoints behind PyTriton's access token; statistics stay open for load-test clients.
 PROTECTED_ENDPOINTS = ["shared-memory", "model-repository", "trace", "logging"]
 ACCESS_HEADER = "triton-access-token"  # the header PyTriton's own clients send with the token
@@ -158,6 +183,7 @@ def _logits_handler(engine: RankingEngine, interface: ModelInterface, with_cache
             if with_cache_outputs:
                 outputs["OUTPUT__1"] = np.full(tensors.batch_size, -1, dtype=np.int64)
                 outputs["CACHED_TOKENS"] = result.cached_tokens.astype(np.int64)
+                outputs["HOST_CACHED_TOKENS"] = result.host_cached_tokens.astype(np.int64)
             responses.append(outputs)
         return responses
 
@@ -186,16 +212,9 @@ class _CacheMetrics(BaseHTTPRequestHandler):
             return
         stats = self.engine.cache.stats()
         lines = []
-        for key, help_text in (
-            ("hit_tokens", "History tokens reused from the KV cache"),
-            ("computed_tokens", "History tokens computed (not found in the KV cache)"),
-            ("evicted_users", "Users evicted from the KV cache"),
-            ("requests", "Requests served by the KV-cache model"),
-        ):
-            lines += [f"# HELP hstu_kvcache_{key}_total {help_text}", f"# TYPE hstu_kvcache_{key}_total counter",
-                      f"hstu_kvcache_{key}_total {stats[key]}"]
-        lines += ["# HELP hstu_kvcache_resident_tokens Tokens held in the KV cache",
-                  "# TYPE hstu_kvcache_resident_tokens gauge", f"hstu_kvcache_resident_tokens {stats['resident_tokens']}"]
+        for key, kind, help_text in CACHE_METRICS:
+            name = f"hstu_kvcache_{key}" + ("_total" if kind == "counter" else "")
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {stats[key]}"]
         body = ("\n".join(lines) + "\n").encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -237,7 +256,7 @@ def serve(engines: Engines, options: ServeOptions, stop: threading.Event | None 
         dtypes = {"INT64": np.int64, "FP32": np.float32}
         return [Tensor(name=t.name, dtype=dtypes[t.dtype], shape=t.dims) for t in specs]
 
-    extra = [Tensor(name="CACHED_TOKENS", dtype=np.int64, shape=(-1,))]
+    extra = tensors(KVCACHE.extensions)
     unbatched = ModelConfig(batching=False)
     # The restrictions are written here rather than by PyTriton, which writes one rule only:
     # the required header on inference is a second one. PyTriton's clients still send the token.

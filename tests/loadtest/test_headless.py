@@ -193,11 +193,13 @@ def test_users_still_spawning_are_never_measured(triton_server, reference_dumps,
 
 
 def test_stages_can_end_on_a_request_count(triton_server, reference_dumps, tmp_path):
+    # No stage may be flagged for what the quota decides (thin, short); the event-loop guard is left
+    # out: whether a shared 2-core machine delays the client is not what this test is about.
     result = run_locust(
         tmp_path, "-u", "2", "-r", "2", "--triton-url", triton_server.grpc_url, "--workload", "dumps",
         "--dump-dir", str(reference_dumps), "--hit-ratios", "0,1.0", "--batch-sizes", "1",
         "--stage-requests", "40", "--stage-seconds", "120", "--warmup-seconds", "0.5", "--max-history", "256",
-        timeout=120)
+        "--max-loop-lag-ms", "60000", timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     for stage in result.report["stages"]:
         assert 40 <= stage["requests"] <= 41, stage  # the quota, and at most the other user's answer

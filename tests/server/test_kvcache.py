@@ -15,7 +15,7 @@ def serve(cache, *pairs):
     plan = cache.begin([k for k, _ in pairs], [t for _, t in pairs])
     for key, tokens in pairs:
         cache.store(key, *kv(tokens))
-    return [hit for hit, _ in plan]
+    return [r.hit for r in plan]
 
 
 def test_reuse_is_what_the_key_held_and_entries_follow_the_ledger():
@@ -23,7 +23,7 @@ def test_reuse_is_what_the_key_held_and_entries_follow_the_ledger():
     assert serve(cache, (1, 10)) == [0]
     assert serve(cache, (1, 30), (2, 8)) == [10, 0]
     plan = cache.begin([1], [30])
-    assert plan[0][0] == 30 and plan[0][1].tokens == 30
+    assert plan[0].hit == 30 and plan[0].entry.tokens == 30 and plan[0].onboarded == 0
     assert cache.stats()["hit_tokens"] == 40 and cache.stats()["computed_tokens"] == 38
 
 

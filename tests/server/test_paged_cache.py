@@ -28,12 +28,16 @@ def request(c, *pairs):
     return {p.key: p for p in placed}
 
 
-def test_the_pool_has_room_for_the_budget_plus_one_full_request():
+def test_the_pool_has_room_for_the_budget_plus_one_full_request_and_starts_at_one_request():
     c = cache(budget_tokens=130)  # 4 whole pages
     assert c.num_pages == 4 + 2 * pages(TINY.max_history_tokens, PAGE) == 8
     assert c.free_pages == c.num_pages
-    assert c.pool_k.shape == c.pool_v.shape == (TINY.num_layers, 8 * PAGE, TINY.num_heads, TINY.head_dim)
+    # memory for one full request (2 users of 2 pages) only, until more is used
+    assert c.allocated_pages == 4
+    assert c.pool_k.shape == c.pool_v.shape == (TINY.num_layers, 4 * PAGE, TINY.num_heads, TINY.head_dim)
     assert c.pool_k.dtype == torch.float32
+    page_bytes = PAGE * 2 * TINY.num_layers * TINY.num_heads * TINY.head_dim * 4  # K and V, fp32
+    assert (c.stats()["resident_bytes"], c.stats()["budget_bytes"]) == (4 * page_bytes, 8 * page_bytes)
     with pytest.raises(LimitError):
         cache(budget_tokens=-1)
 
@@ -50,9 +54,16 @@ def test_a_hit_reuses_its_pages_and_appends_after_the_held_tokens():
     more = request(c, (1, 46))[1]  # still fits in the second page
     assert (more.hit, more.pages) == (40, grown.pages)
     assert c.free_pages == c.num_pages - 2
-    assert c.stats() == {"hit_tokens": 100, "computed_tokens": 46, "evicted_users": 0, "requests": 4,
-                         "resident_users": 1, "resident_tokens": 46, "used_pages": 2, "budget_pages": 8,
-                         "page_tokens": PAGE}
+    page_bytes = PAGE * 2 * TINY.num_layers * TINY.num_heads * TINY.head_dim * 4
+    stats = c.stats()
+    assert {k: stats[k] for k in ("hit_tokens", "computed_tokens", "evicted_users", "requests", "resident_users",
+                                  "resident_tokens", "used_pages", "budget_pages", "page_tokens",
+                                  "gpu_budget_tokens", "host_budget_tokens", "host_hit_tokens", "resident_bytes",
+                                  "budget_bytes")} == {
+        "hit_tokens": 100, "computed_tokens": 46, "evicted_users": 0, "requests": 4, "resident_users": 1,
+        "resident_tokens": 46, "used_pages": 2, "budget_pages": 8, "page_tokens": PAGE, "gpu_budget_tokens": 256,
+        "host_budget_tokens": 0, "host_hit_tokens": 0, "resident_bytes": 4 * page_bytes,
+        "budget_bytes": 12 * page_bytes}  # 4 pages taken of 8 + 4 (one request)
 
 
 def test_users_of_one_request_get_disjoint_pages():
@@ -152,7 +163,7 @@ def test_the_pool_never_runs_out_and_every_page_is_owned_or_free(budget, page_to
             if key not in keys and c.held(key) == 0:
                 del owned[key]
         every = [page for ps in owned.values() for page in ps]
-        assert len(every) == len(set(every)) and all(0 <= page < c.num_pages for page in every)
+        assert len(every) == len(set(every)) and all(0 <= page < c.allocated_pages <= c.num_pages for page in every)
         assert c.free_pages + len(every) == c.num_pages
         if event == 0:  # the forward pass failed
             for key in keys:
@@ -175,5 +186,23 @@ def test_the_pool_never_runs_out_and_every_page_is_owned_or_free(budget, page_to
 
 
 def test_a_pool_that_does_not_fit_is_refused_in_one_line():
-    with pytest.raises(LimitError, match="does not fit on cpu; lower --cache-budget-tokens"):
+    with pytest.raises(LimitError, match=r"does not fit on cpu \(.* GiB\); lower --cache-budget-tokens"):
         PagedKVCache(get_config("small"), 10**15, 32, "cpu", torch.float32)
+
+
+def test_the_pool_grows_in_doublings_as_pages_are_used_and_keeps_what_it_holds():
+    c = cache(budget_tokens=32 * 20)  # 20 pages + 4 for a request: 24 at most; starts at 4
+    assert c.allocated_pages == 4
+    marks = {}
+    for key in range(1, 11):  # 10 users of 2 pages each, one request at a time
+        placed = request(c, (key, 46))[key]
+        slots = c.slots(placed.pages, 0, 46)
+        c.pool_k[:, slots] = float(key)  # what a forward pass would have written
+        marks[key] = placed.pages
+        # 4 -> 8 -> 16 -> 24 (capped at the whole pool), growing only when a request needs more
+        assert c.allocated_pages == {1: 4, 2: 4, 3: 8, 4: 8, 5: 16, 6: 16, 7: 16, 8: 16}.get(key, 24)
+    assert c.allocated_pages == c.num_pages == 24 and c.free_pages == 4
+    for key, owned in marks.items():  # growth copied every held page
+        assert bool((c.pool_k[:, c.slots(owned, 0, 46)] == float(key)).all())
+    c.clear()
+    assert c.allocated_pages == 24 and c.free_pages == 24  # memory taken stays taken

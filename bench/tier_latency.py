@@ -1,0 +1,164 @@
+"""Latency per logical request of the reference target's batched engine by cache tier: GPU hit, host hit, miss.
+
+    python -m bench.tier_latency                     # small config on this CPU
+    python -m bench.tier_latency --device cuda --config kuairand-1k --dtype bfloat16
+
+In process (no Triton), one engine per scenario, batches of `--batch` full-length users:
+- GPU hit: the same batch again and again, all of it in the primary pool;
+- host hit: two batches in turn with a primary pool of exactly one batch and a host tier of two,
+  so every user of every timed request is onboarded from the host (checked on each answer);
+- miss: fresh users every request, with the host tier (its offload paid) and without one (the
+  reference every ratio is taken against).
+Then the onboard and offload rates from the engine's own counters over the timed requests, beside a plain copy of the
+same bytes from host memory to the device (pinned on CUDA) as the machine's reference rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from bench.harness import machine_load, table, this_command
+from hstu_replay.cache_ledger import pages
+from hstu_replay.request import RequestTensors, UserRequest, build_request
+from hstu_replay.server.batched import BatchedEngine, build_batched_engine
+from hstu_replay.server.config import ModelConfig, get_config
+from hstu_replay.server.host_tier import HostTierOptions, OffloadMode
+from hstu_replay.server.model import build_model
+from hstu_replay.server.threads import apply_threads
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    gpu_batches: int  # primary pool budget, in batches of full-length users
+    host_batches: int  # host tier budget, in batches (0: none)
+    expect: str  # what every timed answer must show: gpu, host or miss
+
+
+SCENARIOS = (
+    Scenario("miss, no host tier (reference)", 1, 0, "miss"),
+    Scenario("GPU hit", 1, 2, "gpu"),
+    Scenario("host hit (onboard)", 1, 2, "host"),
+    Scenario("miss, with host tier (offload)", 1, 2, "miss"),
+)
+
+
+def make_users(cfg: ModelConfig, first_key: int, batch: int, candidates: int) -> list[UserRequest]:
+    rng = np.random.default_rng(first_key)
+    return [UserRequest(first_key + i, tuple(int(x) for x in rng.integers(1, 10, 5)),
+                        rng.integers(1, 10**7, cfg.max_history), rng.integers(0, 256, cfg.max_history),
+                        rng.integers(1, 10**7, candidates)) for i in range(batch)]
+
+
+def requests_for(expect: str, cfg: ModelConfig, batch: int, candidates: int) -> Iterator[RequestTensors]:
+    """The timed requests of a scenario, endlessly (after the warm-up the caller does)."""
+    fixed = [build_request(make_users(cfg, 1_000_000 * (i + 1), batch, candidates)) for i in range(2)]
+    turn = 0
+    while True:
+        turn += 1
+        if expect == "miss":
+            yield build_request(make_users(cfg, 10_000_000 + turn * batch, batch, candidates))
+        else:  # gpu: always the first batch; host: the two in turn
+            yield fixed[turn % 2 if expect == "host" else 0]
+
+
+def check(expect: str, request: RequestTensors, cached: np.ndarray, host: np.ndarray) -> None:
+    totals = request.total_history_lengths
+    want = {"gpu": (totals, 0 * totals), "host": (totals, totals), "miss": (0 * totals, 0 * totals)}[expect]
+    if cached.tolist() != want[0].tolist() or host.tolist() != want[1].tolist():
+        raise SystemExit(f"tier_latency: a {expect} request answered CACHED_TOKENS {cached.tolist()}, "
+                         f"HOST_CACHED_TOKENS {host.tolist()}")
+
+
+def run(engine: BatchedEngine, expect: str, cfg: ModelConfig, batch: int, candidates: int, warm: int,
+        repeats: int) -> tuple[list[float], dict[str, int]]:
+    """Seconds of each timed request, and what the cache's counters added over them."""
+    source = requests_for(expect, cfg, batch, candidates)
+    for _ in range(warm):
+        engine.infer(next(source))
+    before = engine.cache.stats()
+    seconds = []
+    for _ in range(repeats):
+        request = next(source)
+        started = time.perf_counter()
+        result = engine.infer(request)
+        seconds.append(time.perf_counter() - started)
+        check(expect, request, result.cached_tokens, result.host_cached_tokens)
+    return seconds, {k: v - before[k] for k, v in engine.cache.stats().items()}
+
+
+def copy_rate(nbytes: int, device: torch.device, repeats: int = 5) -> float:
+    """GB/s of a plain host-to-device copy of `nbytes` (from pinned memory on CUDA)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    sync: Callable[[], None] = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        sync()
+        best = min(best, time.perf_counter() - started)
+    return nbytes / best / 1e9
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="small")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: the config's")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--candidates", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--warm", type=int, default=4, help="untimed requests first (at least 2: fills both tiers)")
+    parser.add_argument("--offload-mode", default="flexkv", choices=[m.value for m in OffloadMode])
+    parser.add_argument("--page-tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=0, help="model threads (default: the server's policy)")
+    args = parser.parse_args()
+    threads = apply_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("tier_latency: --device cuda: no CUDA device is visible")
+    if args.warm < 2 or args.repeats < 1 or not 1 <= args.batch:
+        raise SystemExit("tier_latency: --warm must be at least 2, --repeats and --batch at least 1")
+    cfg = get_config(args.config, args.dtype)
+    if args.batch > cfg.max_batch or args.candidates > cfg.max_candidates:
+        raise SystemExit(f"tier_latency: the {cfg.name} config takes at most {cfg.max_batch} users of "
+                         f"{cfg.max_candidates} candidates")
+    device = torch.device(args.device)
+    model = build_model(cfg, seed=0).to(device)
+    batch_tokens = args.batch * pages(cfg.max_history_tokens, args.page_tokens) * args.page_tokens
+    rows, reference, tiers = [], None, {}
+    for scenario in SCENARIOS:
+        host = HostTierOptions(scenario.host_batches * batch_tokens, OffloadMode(args.offload_mode))
+        engine = build_batched_engine(model, scenario.gpu_batches * batch_tokens, args.page_tokens, host)
+        seconds, tiers[scenario.expect] = run(engine, scenario.expect, cfg, args.batch, args.candidates, args.warm,
+                                              args.repeats)
+        p50 = statistics.median(seconds) * 1e3
+        reference = reference or p50
+        rows.append([scenario.name, p50, p50 / args.batch, max(seconds) * 1e3, p50 / reference])
+    print(f"# {this_command()}")
+    print(f"# {cfg.name} ({cfg.dtype}) on {args.device}, batch {args.batch} of {cfg.max_history_tokens} history "
+          f"tokens + {args.candidates} candidates, {args.offload_mode} offload, {args.repeats} timed requests "
+          f"each, {threads} model thread(s); load {machine_load()}")
+    print(table(["scenario", "ms per request (p50)", "ms per logical request", "ms max", "x reference"], rows))
+    onboard, offload = tiers["host"], tiers["miss"]
+    per_user = cfg.max_history_tokens * engine.cache.layout.bytes_per_token
+    plain = copy_rate(args.batch * per_user, device)
+    print(table(["copy", "bytes", "GB/s"], [
+        ["onboard (host hit runs)", onboard["onboarded_bytes"],
+         onboard["onboarded_bytes"] / max(onboard["onboard_micros"], 1) / 1e3],
+        ["offload (misses with host tier)", offload["offloaded_bytes"],
+         offload["offloaded_bytes"] / max(offload["offload_micros"], 1) / 1e3],
+        [f"plain host-to-{args.device} copy of one batch", args.batch * per_user, plain],
+    ]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
