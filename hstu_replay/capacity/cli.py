@@ -101,7 +101,8 @@ def add_commands(groups) -> None:
     Option("--host-budgets", "host-tier budgets (tokens): the GPU search runs behind each in turn (0: none; "
            "NVIDIA's cpu_cache_gb is 1 GB); the computed grid: plan cache-curve --host-budgets",
            "").add_to(natural, text=True)
-    Option("--offload-mode", "how the host tier is filled: flexkv or native", "flexkv").add_to(natural)
+    Option("--offload-mode", "how the host tier is filled: native (the reference target's default) or flexkv",
+           "native").add_to(natural)
     Option("--serve-args", 'more `server serve` arguments, e.g. --serve-args="--threads 1"', "").add_to(natural)
     Option("--out", "output directory", "runs/capacity-natural").add_to(natural)
     natural.set_defaults(func=_natural)

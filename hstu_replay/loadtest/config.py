@@ -136,7 +136,7 @@ class CacheConfig:
     budget_tokens: int = 0  # GPU pool; 0: unbounded
     page_tokens: int = 32
     host_budget_tokens: int = 0  # 0: no host tier
-    offload_mode: str = "flexkv"
+    offload_mode: str = "native"
     tier_mix: TierMix | None = None
 
     def __post_init__(self):

@@ -62,8 +62,8 @@ def add_commands(groups) -> None:
     PAGE_TOKENS.add_to(curve)
     Option("--host-budgets", "host-tier budgets (tokens) behind each GPU budget of --budgets: the token hit ratio "
            "per tier over that grid (NVIDIA's cpu_cache_gb is 1 GB)", "", metavar="TOKENS,...").add_to(curve)
-    Option("--offload-mode", "how the host tier is filled: flexkv (every user after each forward) or native "
-           "(whole chunks of 1,024 tokens)", "flexkv").add_to(curve)
+    Option("--offload-mode", "how the host tier is filled: native (whole chunks of 1,024 tokens, the reference "
+           "target's default) or flexkv (every user after each forward)", "native").add_to(curve)
     curve.set_defaults(func=_cache_curve)
 
 

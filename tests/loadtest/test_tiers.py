@@ -51,7 +51,8 @@ def test_a_run_steered_to_a_tier_mix_meets_it_and_reports_what_the_oracle_saw(or
     result = run_locust(tmp_path, "-u", "2", "-r", "2", "--triton-url", oracle.grpc_url, "--workload", "sessions",
                         "--store", str(sample_store), "--hit-ratios", "0.8", "--batch-sizes", "1,4",
                         "--stage-seconds", "5", "--warmup-seconds", "2", "--max-history", "256",
-                        "--verify-fraction", "0", *budgets, "--tier-mix", "gpu:0.6,host:0.3,miss:0.1")
+                        "--verify-fraction", "0", *budgets, "--tier-mix", "gpu:0.6,host:0.3,miss:0.1",
+                        "--offload-mode", "flexkv")
     assert result.returncode == 0, result.stderr[-3000:]
     said = "the server's control model gives its pools: GPU 3,000 tokens, host 9,000 tokens"
     assert (said in result.stderr) != host_report, result.stderr[-2000:]
@@ -77,3 +78,33 @@ def test_a_run_steered_to_a_tier_mix_meets_it_and_reports_what_the_oracle_saw(or
               f"{ {t: round(o[t] / users, 4) for t in MIX} } over {users} users; gpu hit ratio "
               f"{tiers['gpu_ratio']:.4f} host {tiers['host_ratio']:.4f} ({tiers['source']})")
     assert (tmp_path / "report.html").read_text().count("Cache tiers: GPU hit, host hit, miss") == 1
+
+
+def test_the_client_model_predicts_every_request_of_the_reference_targets_two_tiers(compiled_repository,
+                                                                                   sample_store, tmp_path):
+    """Against the reference target with a host tier (budgets read from its control model) the run
+    steered to a mix meets it by the server's own HOST_CACHED_TOKENS, and the client's model predicted
+    every request's hits as the server reported them."""
+    from tests.conftest import start_server, stop_server
+
+    server = start_server(compiled_repository, tmp_path / "server.log", "--engine", "batched",
+                          "--cache-budget-tokens", str(GPU), "--host-budget-tokens", str(HOST),
+                          "--offload-mode", "flexkv", "--threads", "1")
+    try:
+        result = run_locust(tmp_path / "run", "-u", "2", "-r", "2", "--triton-url", server.grpc_url,
+                            "--workload", "sessions", "--store", str(sample_store), "--hit-ratios", "0.8",
+                            "--batch-sizes", "1,4", "--stage-seconds", "6", "--warmup-seconds", "3",
+                            "--max-history", "256", "--tier-mix", "gpu:0.6,host:0.3,miss:0.1",
+                            "--offload-mode", "flexkv")
+    finally:
+        stop_server(server)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "the server's control model gives its pools" in result.stderr
+    assert result.report["run"]["reports_tiers"] is True
+    for stage in result.report["stages"]:
+        tiers = stage["tiers"]
+        assert tiers["source"] == "observed" and stage["hit_disagreements"] == 0, stage
+        assert tiers["observed"]["users"] == tiers["predicted"]["users"], tiers
+        assert tiers["mix_distance"] <= 0.02 and sum(tiers["observed"]["users"].values()) >= 60, tiers
+        print(f"{stage['name']}: reference target mix {tiers['mix']} (observed; model agreed on every request), "
+              f"gpu hit ratio {tiers['gpu_ratio']:.4f} host {tiers['host_ratio']:.4f}")

@@ -85,7 +85,8 @@ def test_the_two_tier_grid_of_a_store_matches_its_replay_through_a_plain_two_tie
     from tests.oracle.server import TwoTierCache
 
     proc = _cli("plan", "cache-curve", "--store", str(long_store), "--max-history", "256",
-                "--budgets", "2000,5000", "--host-budgets", "3000,12000", "--out", str(tmp_path / "curve"))
+                "--budgets", "2000,5000", "--host-budgets", "3000,12000", "--offload-mode", "flexkv",
+                "--out", str(tmp_path / "curve"))
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "curve" / "curve.json").read_text())
     grid = summary["tiers"]["grid"]
