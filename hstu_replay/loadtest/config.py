@@ -12,12 +12,12 @@ from enum import StrEnum
 
 from hstu_replay.client.triton import ClientOptions
 from hstu_replay.errors import ConfigError
-from hstu_replay.interface import Limits
+from hstu_replay.interface import Limits, history_tokens
 from hstu_replay.loadtest.address import address_url, resolve_address
 from hstu_replay.loadtest.options import SECRETS, option_values
 from hstu_replay.plan.over_limit import HistoryPolicy
 from hstu_replay.plan.tier_mix import TierMix
-from hstu_replay.plan.tiers import OFFLOAD_MODES
+from hstu_replay.plan.tiers import OFFLOAD_CHUNK_TOKENS, OFFLOAD_MODES
 from hstu_replay.plan.workloads import WORKLOADS, WorkloadKind, natural_workloads, one_of, workload_kind
 from hstu_replay.report.flags import StageRules
 from hstu_replay.report.thresholds import Thresholds, parse_thresholds
@@ -228,6 +228,15 @@ class LoadTestConfig:
     def __post_init__(self):
         if self.data.time_scale > 0 and self.sweep.arrival.open:
             raise ConfigError("--time-scale sets the send times itself: leave --arrival closed")
+        mix = self.cache.tier_mix
+        if mix is not None and mix.host and self.cache.offload_mode == "native":
+            longest = max(history_tokens(self.data.limits.history_cap(b, self.data.candidates))
+                          for b in self.sweep.batches)
+            if longest < OFFLOAD_CHUNK_TOKENS:
+                raise ConfigError(f"--tier-mix {mix_text(mix)}: under --offload-mode native a history reaches the "
+                                  f"host only once it has {OFFLOAD_CHUNK_TOKENS:,} tokens, and the longest sent here "
+                                  f"has {longest} (--max-history {self.data.max_history}): give longer histories, "
+                                  "or --offload-mode flexkv where the server offloads after every forward")
 
     def with_budgets(self, gpu_tokens: int, host_tokens: int) -> LoadTestConfig:
         """The config with the pools' budgets a server said (options left unset), checked."""

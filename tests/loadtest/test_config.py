@@ -70,6 +70,9 @@ def test_every_workload_names_an_existing_option():
      "only --workload sessions steers"),
     ({"offload_mode": "lazy"}, "--offload-mode 'lazy': use flexkv or native"),
     ({"host_budget_tokens": -1}, "--host-budget-tokens -1: use 0 or more tokens"),
+    ({"tier_mix": "gpu:0.6,host:0.4", "cache_budget_tokens": 3000, "host_budget_tokens": 9000, "max_history": 256},
+     "under --offload-mode native a history reaches the host only once it has 1,024 tokens, and the longest sent "
+     "here has 518 (--max-history 256)"),
 ])
 def test_bad_tier_options_are_named(tmp_path, given, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.").replace(")", r"\)")):
