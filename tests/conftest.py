@@ -205,26 +205,29 @@ class OracleHandle:
 
 @pytest.fixture(scope="session")
 def oracle_servers(tmp_path_factory) -> Iterator[Callable[..., OracleHandle]]:
-    """`get(cached_tokens, budget_tokens=0, page_tokens=32, max_values=40000) -> OracleHandle`: each distinct
+    """`get(cached_tokens, budget_tokens=0, page_tokens=32, max_values=40000, host_budget_tokens=0,
+    offload_mode="flexkv") -> OracleHandle` (a host budget: the two-tier variant): each distinct
     variant is started once per session on free ports and stopped at the end. Its cache and log are shared by
     every test that asks for that variant: use keys of your own and look only at records you caused."""
-    from tests.oracle.server import MODEL_NAME
+    from tests.oracle.server import CONTROL_MODEL, MODEL_NAME
 
-    started: dict[tuple[bool, int, int, int], OracleHandle] = {}
+    started: dict[tuple, OracleHandle] = {}
 
     def get(cached_tokens: bool, budget_tokens: int = 0, page_tokens: int = 32,
-            max_values: int = 40000) -> OracleHandle:
-        variant = (cached_tokens, budget_tokens, page_tokens, max_values)
+            max_values: int = 40000, host_budget_tokens: int = 0, offload_mode: str = "flexkv") -> OracleHandle:
+        variant = (cached_tokens, budget_tokens, page_tokens, max_values, host_budget_tokens, offload_mode)
         if variant not in started:
             root = tmp_path_factory.mktemp("oracle")
             ports = Ports.free(cache_metrics=False)
             command = [sys.executable, "-m", "tests.oracle.server", "--grpc-port", str(ports.grpc),
                        "--http-port", str(ports.http), "--metrics-port", str(ports.metrics),
                        "--log", str(root / "requests.jsonl"), "--budget-tokens", str(budget_tokens),
-                       "--page-tokens", str(page_tokens), "--max-values", str(max_values)]
+                       "--page-tokens", str(page_tokens), "--max-values", str(max_values),
+                       "--host-budget-tokens", str(host_budget_tokens), "--offload-mode", offload_mode]
             if cached_tokens:
                 command.append("--cached-tokens")
-            server = ServerProcess(command, root / "server.log", ports, (MODEL_NAME,), ready_timeout_s=120.0, cwd=ROOT)
+            models = (MODEL_NAME, CONTROL_MODEL) if host_budget_tokens else (MODEL_NAME,)  # two tiers: a control model
+            server = ServerProcess(command, root / "server.log", ports, models, ready_timeout_s=120.0, cwd=ROOT)
             started[variant] = OracleHandle(server.launch(), root / "requests.jsonl")
         return started[variant]
 

@@ -98,6 +98,11 @@ def add_commands(groups) -> None:
     OVER_LIMIT.add_to(natural)
     REBASE_KEEP.add_to(natural, text=True)
     PAGE_TOKENS.add_to(natural, text=True)
+    Option("--host-budgets", "host-tier budgets (tokens): the GPU search runs behind each in turn (0: none; "
+           "NVIDIA's cpu_cache_gb is 1 GB); the computed grid: plan cache-curve --host-budgets",
+           "").add_to(natural, text=True)
+    Option("--offload-mode", "how the host tier is filled: native (the reference target's default) or flexkv",
+           "native").add_to(natural)
     Option("--serve-args", 'more `server serve` arguments, e.g. --serve-args="--threads 1"', "").add_to(natural)
     Option("--out", "output directory", "runs/capacity-natural").add_to(natural)
     natural.set_defaults(func=_natural)
@@ -213,6 +218,14 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _offload_mode(mode: str) -> str:
+    from hstu_replay.plan.tiers import OFFLOAD_MODES
+
+    if mode not in OFFLOAD_MODES:
+        raise ConfigError(f"--offload-mode {mode!r}: use {' or '.join(OFFLOAD_MODES)}")
+    return mode
+
+
 def _natural(args: argparse.Namespace) -> int:
     from hstu_replay.capacity.natural import NaturalPlan, plan_capacity, write_result
     from hstu_replay.capacity.search import Slo
@@ -246,7 +259,10 @@ def _natural(args: argparse.Namespace) -> int:
         candidates=number("--candidates", args.candidates, 1, integral=True),
         max_history=number("--max-history", args.max_history, 1, integral=True),
         page_tokens=number("--page-tokens", args.page_tokens, 1, integral=True), serve_args=serve_args,
-        policy=HistoryPolicy.of(args.over_limit, number("--rebase-keep", args.rebase_keep, 0, 1, above=True)))
+        policy=HistoryPolicy.of(args.over_limit, number("--rebase-keep", args.rebase_keep, 0, 1, above=True)),
+        host_budgets=(tuple(sorted({int(b) for b in numbers("--host-budgets", args.host_budgets, 0, integral=True)}))
+                      if args.host_budgets else ()),
+        offload_mode=_offload_mode(args.offload_mode))
     from hstu_replay.data.store import SequenceStore
     from hstu_replay.errors import HstuReplayError
 
@@ -262,8 +278,16 @@ def _natural(args: argparse.Namespace) -> int:
         print(f"no budget measured meets p99 <= {plan.slo.p99_ms:g} ms at {plan.request_rate:g} req/s "
               f"with up to {plan.max_servers} server(s) (see {path})", file=sys.stderr)
         return NO_SUSTAINABLE_STEP_EXIT
+    for point in result.get("frontier") or ():
+        found = point["answer"]
+        print(f"host tier {point['host_budget_tokens']:,} tokens: "
+              + (f"GPU {found['budget_tokens']:,} tokens per server x {found['servers']} server(s)" if found
+                 else "no GPU budget measured meets the SLO"))
     print(f"smallest cache meeting p99 <= {plan.slo.p99_ms:g} ms at {plan.request_rate:g} req/s: "
-          f"{answer['budget_tokens']:,} tokens per server x {answer['servers']} server(s) (measured"
+          f"{answer['budget_tokens']:,} tokens per server x {answer['servers']} server(s)"
+          + (f" with a host tier of {answer['host_budget_tokens']:,} tokens each"
+             if answer.get("host_budget_tokens") else "")
+          + " (measured"
           + (f" on {answer['shards_measured']} of {answer['servers']} shards" if answer["servers"] > 1 else "")
           + f"; budgets picked from the computed curve); written to {path}")
     return 0

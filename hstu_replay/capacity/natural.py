@@ -13,6 +13,15 @@ curve's spread over all n shards is computed either way. A failed request's user
 fresh keys, and the window's curve figure is recomputed with that loss.
 Every figure in capacity_natural.json says whether it was computed (the curve) or measured
 (a real run: the server's own hit counters and the run's latency).
+
+With host budgets (`--host-budgets`) the GPU search runs behind each host budget in turn: each
+target gets that host pool behind the GPU budget being measured, the Locust client models both
+tiers, and each step adds the token hit ratio per tier, computed from the two-tier curve
+(`plan.tier_curve`) and measured from the run's report (the server's word where it sends
+HOST_CACHED_TOKENS). The result's `frontier` says, per host budget, the GPU memory that meets the
+SLO; the answer is the pair needing the least GPU memory. The GPU budgets measured are the same
+behind every host budget (picked from the one-tier curve, or given); the computed grid over both
+is `plan cache-curve --budgets ... --host-budgets ...`.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -61,6 +70,16 @@ class NaturalPlan:
     serve_args: tuple[str, ...] = ()  # e.g. --threads 1 --config small
     policy: HistoryPolicy = HistoryPolicy()  # --over-limit, --rebase-keep
     shards_measured: int = 0  # with n servers, measure shards 0..K-1 of n (0: all n)
+    host_budget_tokens: int = 0  # a host tier of this many tokens behind every GPU budget (0: none)
+    offload_mode: str = "flexkv"
+    host_budgets: tuple[int, ...] = ()  # search the GPU budgets behind each of these host budgets in turn
+
+    @property
+    def host_args(self) -> tuple[str, ...]:
+        """The host tier's options, for `server serve` and for the Locust client alike."""
+        if not self.host_budget_tokens:
+            return ()
+        return ("--host-budget-tokens", str(self.host_budget_tokens), "--offload-mode", self.offload_mode)
 
     @property
     def limits(self) -> Limits:
@@ -92,6 +111,33 @@ def curves(plan: NaturalPlan) -> dict[int, list]:
             out[n].append(cache_curve(share.cache_keys, share.tokens,
                                       group_requests(share, plan.time_slice_ms, plan.batch_size), plan.page_tokens))
     return out
+
+
+def tier_curves(plan: NaturalPlan) -> dict[int, list]:
+    """servers n -> the two-tier curve of each server's share; empty without a host tier."""
+    from hstu_replay.plan.tier_curve import tier_curve
+    from hstu_replay.plan.timeline import group_requests, shard_trace
+
+    if not plan.host_budget_tokens:
+        return {}
+    trace, out = _trace(plan), {}
+    for n in range(1, plan.max_servers + 1):
+        shares = [shard_trace(trace, i, n) for i in range(n)]
+        out[n] = [tier_curve(s.cache_keys, s.tokens, group_requests(s, plan.time_slice_ms, plan.batch_size),
+                             plan.page_tokens, plan.offload_mode) for s in shares]
+    return out
+
+
+def tier_figures(plan: NaturalPlan, tiers: list, budget: int, reports: list[dict | None]) -> dict:
+    """A step's token hit ratio per tier: computed over the servers' shares of the log, and measured
+    (the first stage of each shard's report, summed over the shards measured)."""
+    hits = [t.hit_tokens(budget, plan.host_budget_tokens) for t in tiers]
+    whole = max(sum(t.total_tokens for t in tiers), 1)
+    measured = [((r or {}).get("stages") or [{}])[0].get("tiers") for r in reports]
+    return {"host_budget_tokens": plan.host_budget_tokens, "offload_mode": plan.offload_mode,
+            "computed": {"gpu_ratio": sum(g for g, _ in hits) / whole, "host_ratio": sum(h for _, h in hits) / whole},
+            "measured": [None if m is None else {k: m[k] for k in ("gpu_ratio", "host_ratio", "mix", "source")}
+                         for m in measured]}
 
 
 def visit_kinds(plan: NaturalPlan) -> dict:
@@ -155,16 +201,18 @@ def step_command(plan: NaturalPlan, grpc_url: str, budget: int, servers: int, sh
         "--candidates", str(plan.candidates), "--cache-budget-tokens", str(budget),
         "--cache-page-tokens", str(plan.page_tokens),
         "--over-limit", plan.policy.over_limit.value, "--rebase-keep", f"{plan.policy.rebase_keep:g}",
+        *plan.host_args,
     )
 
 
 def run_natural_step(plan: NaturalPlan, budget: int, servers: int, shard: int) -> Measurement:
     """A fresh built-in target with `budget`, one natural replay of shard `shard` of `servers` at its
     share of the rate."""
-    name = f"b{budget}_s{servers}" + (f"_shard{shard}" if servers > 1 else "")
+    name = (f"b{budget}" + (f"_host{plan.host_budget_tokens}" if plan.host_budget_tokens else "") + f"_s{servers}"
+            + (f"_shard{shard}" if servers > 1 else ""))
     step_dir = fresh_dir(plan.out_dir / "steps" / name)
     server = ServerProcess.serve(plan.repository, step_dir / "server.log", None, "--cache-budget-tokens", str(budget),
-                                 "--page-tokens", str(plan.page_tokens), *plan.serve_args,
+                                 "--page-tokens", str(plan.page_tokens), *plan.host_args, *plan.serve_args,
                                  ready_timeout_s=SERVE_TIMEOUT_S)
     try:
         server.start()
@@ -193,15 +241,16 @@ def _report(m: Measurement) -> dict | None:
     return json.loads(path.read_text()) if m.report_dir and path.is_file() else None
 
 
-def measure_shards(plan: NaturalPlan, run: StepRunner, computed: list, budget: int) -> dict:
+def measure_shards(plan: NaturalPlan, run: StepRunner, computed: list, budget: int, tiers: list | None = None) -> dict:
     """One step: shards 0..K-1 of n = len(computed) servers, each against its own fresh target, in
     turn; K is --shards-measured (all by default). The combined measurement is judged."""
     servers = len(computed)
     count = min(servers, plan.shards_measured or servers)
-    shards, runs, windows = [], [], []
+    shards, runs, windows, reports = [], [], [], []
     for i in range(count):
         m = run(plan, budget, servers, i)
         report = _report(m)
+        reports.append(report)
         window = window_figures(plan, budget, servers, i, report)
         failed = ((report or {}).get("natural") or {}).get("failed") or {"requests": 0, "keys_replaced": 0}
         runs.append(m)
@@ -228,6 +277,7 @@ def measure_shards(plan: NaturalPlan, run: StepRunner, computed: list, budget: i
                    "measured_p99_ms": spread([r.p99_ms for r in runs])},
         "shards": shards, "passed": combined.passed, "breaches": list(combined.breaches),
         "report_dir": runs[0].report_dir,
+        "tiers": tier_figures(plan, tiers, budget, reports) if tiers else None,
     }
 
 
@@ -244,33 +294,55 @@ def step_line(plan: NaturalPlan, step: dict) -> str:
                  + ("" if step["shards_measured"] == servers else " (the others are assumed alike)")
                  + f"; curve ratio over all {servers} shards {ratio['min']:.4f}..{ratio['max']:.4f}"
                  + (f"; measured p99 {p99['min']:.1f}..{p99['max']:.1f} ms (worst judged)" if p99 else ""))
+    if step.get("tiers"):
+        t = step["tiers"]
+        line += (f"\n  host tier {t['host_budget_tokens']:,} tokens ({t['offload_mode']}): computed gpu hit "
+                 f"{t['computed']['gpu_ratio']:.4f} host hit {t['computed']['host_ratio']:.4f}"
+                 + "".join(f"; shard {i} measured gpu hit {_fmt(m['gpu_ratio'])} host hit {_fmt(m['host_ratio'])} "
+                           f"({m['source']})" for i, m in enumerate(t["measured"]) if m))
     if step["failed"]["requests"]:
         line += (f"\n  {step['failed']['requests']} requests failed, {step['failed']['keys_replaced']} keys replaced "
                  "(the window's curve figure counts that loss)")
     return line
 
 
+def search_budgets(plan: NaturalPlan, run: StepRunner, say: Callable[[str], None], computed: dict, two_tier: dict,
+                   budgets: list[int]) -> tuple[list[dict], dict | None]:
+    """GPU budgets in ascending order (and server counts) behind the plan's host budget, until one meets the SLO."""
+    steps = []
+    for budget in sorted(budgets):
+        for servers in range(1, plan.max_servers + 1):
+            step = measure_shards(plan, run, computed[servers], budget, two_tier.get(servers))
+            steps.append(step)
+            say(step_line(plan, step))
+            if step["passed"]:
+                return steps, {"budget_tokens": budget, "servers": servers, "total_tokens": budget * servers,
+                               "shards_measured": step["shards_measured"],
+                               **({"host_budget_tokens": plan.host_budget_tokens} if plan.host_budget_tokens else {})}
+    return steps, None
+
+
 def plan_capacity(plan: NaturalPlan, run: StepRunner = run_natural_step,
                   say: Callable[[str], None] = print) -> dict:
-    """Measure budgets in ascending order until one meets the SLO; the result, labelled."""
+    """Measure budgets in ascending order until one meets the SLO; the result, labelled. With host
+    budgets, the GPU search runs behind each in turn: per host budget the GPU memory it needs
+    (`frontier`), and the answer is the pair needing the least GPU memory (then the least host)."""
     computed = curves(plan)
+    hosts = plan.host_budgets or (plan.host_budget_tokens,)
+    two_tier = tier_curves(replace(plan, host_budget_tokens=max(hosts)))
     kinds = visit_kinds(plan)
     say(accounts_line(kinds["log"]))
     budgets = list(plan.budgets) or pick_budgets(computed[1][0], plan.curve_ratios)
     if not budgets:
         raise ConfigError(f"--store {plan.store}: its curve reaches none of the ratios {plan.curve_ratios}")
-    steps, answer = [], None
-    for budget in sorted(budgets):
-        for servers in range(1, plan.max_servers + 1):
-            step = measure_shards(plan, run, computed[servers], budget)
-            steps.append(step)
-            say(step_line(plan, step))
-            if step["passed"]:
-                answer = {"budget_tokens": budget, "servers": servers, "total_tokens": budget * servers,
-                          "shards_measured": step["shards_measured"]}
-                break
-        if answer:
-            break
+    steps, frontier = [], []
+    for host in sorted(hosts):
+        found, answer = search_budgets(replace(plan, host_budget_tokens=host), run, say, computed,
+                                       two_tier if host else {}, budgets)
+        steps += found
+        frontier.append({"host_budget_tokens": host, "answer": answer})
+    answers = [f["answer"] for f in frontier if f["answer"]]
+    answer = min(answers, key=lambda a: (a["total_tokens"], a.get("host_budget_tokens", 0)), default=None)
     return {
         "slo": asdict(plan.slo), "request_rate": plan.request_rate, "store": plan.store,
         "shards_measured": plan.shards_measured or None,
@@ -279,6 +351,7 @@ def plan_capacity(plan: NaturalPlan, run: StepRunner = run_natural_step,
                                    "requests": c.requests} for i, c in enumerate(cs)] for n, cs in computed.items()},
                   "visit_kinds": kinds},
         "steps": steps, "answer": answer,
+        **({"frontier": frontier} if plan.host_budgets else {}),
         "labels": {"computed": "from the one-pass curve of the store's natural replay, no server involved",
                    "measured": "from a real natural-replay run: the server's own hit counters, the run's latency; "
                                "with n servers, each shard against its own fresh target in turn, the worst "

@@ -9,6 +9,7 @@ the request's buffers without copying them in Python.
 
 from __future__ import annotations
 
+import importlib
 import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,18 @@ from hstu_replay.request import RequestTensors
 
 #: Optional output of our reference target: tokens each user reused from the KV cache.
 CACHED_TOKENS_OUTPUT = "CACHED_TOKENS"
+#: Optional output of a two-tier server: the part of CACHED_TOKENS onboarded from the host tier.
+HOST_CACHED_TOKENS_OUTPUT = "HOST_CACHED_TOKENS"
+#: Outputs of a two-tier server's control model: its pools' budgets in tokens (host 0: no host tier).
+BUDGET_OUTPUTS = ("GPU_BUDGET_TOKENS", "HOST_BUDGET_TOKENS")
+
+
+@dataclass(frozen=True)
+class ServerBudgets:
+    """What a two-tier server's control model says of its pools."""
+
+    gpu_tokens: int
+    host_tokens: int
 
 
 @dataclass(frozen=True)
@@ -56,11 +69,13 @@ class ModelBinding:
 
     interface: ModelInterface
     reports_hits: bool
+    reports_tiers: bool = False  # HOST_CACHED_TOKENS beside CACHED_TOKENS
 
     @property
     def outputs(self) -> tuple[str, ...]:
         """The outputs each request asks for."""
-        return (self.interface.logits_output,) + ((CACHED_TOKENS_OUTPUT,) if self.reports_hits else ())
+        return ((self.interface.logits_output,) + ((CACHED_TOKENS_OUTPUT,) if self.reports_hits else ())
+                + ((HOST_CACHED_TOKENS_OUTPUT,) if self.reports_tiers else ()))
 
 
 @dataclass(frozen=True)
@@ -68,6 +83,7 @@ class InferResponse:
     logits: np.ndarray  # float32 [sum(num_candidates), 8]
     cached_tokens: np.ndarray | None  # int64 [B], when the server reports its hits
     latency_s: float  # on the wire: from the request's first byte out to the answer's last byte in
+    host_cached_tokens: np.ndarray | None = None  # int64 [B]: the part onboarded from the host tier
 
 
 class Transport(Protocol):
@@ -173,8 +189,9 @@ class TritonClient:
             raise ServerError(f"cannot read model {self.options.model!r} at {self.options.url} "
                               f"({self.options.protocol}): {_one_line(exc)}{hint}") from None
         inputs, outputs = _specs_from_metadata(meta["inputs"]), _specs_from_metadata(meta["outputs"])
-        binding = ModelBinding(match_interface(self.options.model, inputs, outputs),
-                               any(t.name == CACHED_TOKENS_OUTPUT for t in outputs))
+        names = {t.name for t in outputs}
+        binding = ModelBinding(match_interface(self.options.model, inputs, outputs), CACHED_TOKENS_OUTPUT in names,
+                               CACHED_TOKENS_OUTPUT in names and HOST_CACHED_TOKENS_OUTPUT in names)
         self._check_access(binding)
         self.binding = binding
         return binding
@@ -198,7 +215,27 @@ class TritonClient:
         result, seconds = self._transport.infer(tensors.input_parts(binding.interface), binding.outputs)
         logits = checked_output(result, binding.interface.logits_output, (tensors.num_logits, NUM_TASKS))
         cached = checked_output(result, CACHED_TOKENS_OUTPUT, (tensors.batch_size,)) if binding.reports_hits else None
-        return InferResponse(logits, cached, seconds)
+        host = (checked_output(result, HOST_CACHED_TOKENS_OUTPUT, (tensors.batch_size,))
+                if binding.reports_tiers else None)
+        return InferResponse(logits, cached, seconds, host)
+
+    def server_budgets(self) -> ServerBudgets | None:
+        """The pools' budgets from the server's control model (`CONTROL_MODEL` with GPU_BUDGET_TOKENS and
+        HOST_BUDGET_TOKENS, asked with CLEAR 0: nothing changes); None when it has no such model."""
+        from hstu_replay.interface import CONTROL_MODEL
+
+        try:
+            meta = self._client.get_model_metadata(CONTROL_MODEL, headers=self._headers, **self._as_json())
+            if not set(BUDGET_OUTPUTS) <= {t["name"] for t in meta["outputs"]}:
+                return None
+            module = importlib.import_module(f"tritonclient.{self.options.protocol}")
+            clear = module.InferInput("CLEAR", [1], "INT64")
+            clear.set_data_from_numpy(np.zeros(1, dtype=np.int64))
+            result = self._client.infer(CONTROL_MODEL, [clear], headers=self._headers,
+                                        outputs=[module.InferRequestedOutput(n) for n in BUDGET_OUTPUTS])
+            return ServerBudgets(*(int(result.as_numpy(n).ravel()[0]) for n in BUDGET_OUTPUTS))
+        except Exception:
+            return None
 
     def server_statistics(self, model: str | None = None) -> dict:
         """Triton's per-model statistics (queue/compute split) as a dict; {} if not permitted."""

@@ -7,16 +7,18 @@ and the config checks what spans two of them. Every error names the option, the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from hstu_replay.client.triton import ClientOptions
 from hstu_replay.errors import ConfigError
-from hstu_replay.interface import Limits
+from hstu_replay.interface import Limits, history_tokens
 from hstu_replay.loadtest.address import address_url, resolve_address
 from hstu_replay.loadtest.options import SECRETS, option_values
 from hstu_replay.plan.over_limit import HistoryPolicy
-from hstu_replay.plan.workloads import WorkloadKind, natural_workloads, one_of, workload_kind
+from hstu_replay.plan.tier_mix import TierMix
+from hstu_replay.plan.tiers import OFFLOAD_CHUNK_TOKENS, OFFLOAD_MODES
+from hstu_replay.plan.workloads import WORKLOADS, WorkloadKind, natural_workloads, one_of, workload_kind
 from hstu_replay.report.flags import StageRules
 from hstu_replay.report.thresholds import Thresholds, parse_thresholds
 
@@ -128,10 +130,42 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """The server's KV cache, as the client's cache model sees it."""
+    """The server's KV cache, as the client's cache model sees it: a GPU pool and a host pool behind
+    it (NVIDIA's two tiers), and the tier mix a sessions run is steered to."""
 
-    budget_tokens: int = 0  # 0: unbounded
+    budget_tokens: int = 0  # GPU pool; 0: unbounded
     page_tokens: int = 32
+    host_budget_tokens: int = 0  # 0: no host tier
+    offload_mode: str = "native"
+    tier_mix: TierMix | None = None
+
+    def __post_init__(self):
+        if self.budget_tokens < 0 or self.host_budget_tokens < 0:
+            raise ConfigError(f"--cache-budget-tokens {self.budget_tokens} / --host-budget-tokens "
+                              f"{self.host_budget_tokens}: use 0 or more tokens")
+        if self.offload_mode not in OFFLOAD_MODES:
+            raise ConfigError(f"--offload-mode {self.offload_mode!r}: use {one_of(OFFLOAD_MODES)}")
+
+    @property
+    def budgets_given(self) -> bool:
+        return bool(self.budget_tokens or self.host_budget_tokens)
+
+    def check_mix(self) -> None:
+        """Whether the pools (given, or read from the server) let the tier mix be met."""
+        mix = self.tier_mix
+        if mix is None:
+            return
+        if (mix.host or mix.miss) and self.budget_tokens <= 0:
+            raise ConfigError(f"--tier-mix {mix_text(mix)}: host hits and misses need a bounded GPU pool "
+                              "(--cache-budget-tokens)")
+        if mix.host and self.host_budget_tokens <= self.budget_tokens:
+            raise ConfigError(f"--tier-mix {mix_text(mix)}: host hits need --host-budget-tokens "
+                              f"({self.host_budget_tokens}) above --cache-budget-tokens ({self.budget_tokens}): "
+                              "the host pool holds copies of the GPU's users too")
+
+
+def mix_text(mix: TierMix) -> str:
+    return ",".join(f"{name}:{share:g}" for name, share in mix.as_dict().items())
 
 
 @dataclass(frozen=True)
@@ -194,6 +228,22 @@ class LoadTestConfig:
     def __post_init__(self):
         if self.data.time_scale > 0 and self.sweep.arrival.open:
             raise ConfigError("--time-scale sets the send times itself: leave --arrival closed")
+        mix = self.cache.tier_mix
+        if mix is not None and mix.host and self.cache.offload_mode == "native":
+            longest = max(history_tokens(self.data.limits.history_cap(b, self.data.candidates))
+                          for b in self.sweep.batches)
+            if longest < OFFLOAD_CHUNK_TOKENS:
+                raise ConfigError(f"--tier-mix {mix_text(mix)}: under --offload-mode native a history reaches the "
+                                  f"host only once it has {OFFLOAD_CHUNK_TOKENS:,} tokens, and the longest sent here "
+                                  f"has {longest} (--max-history {self.data.max_history}): give longer histories, "
+                                  "or --offload-mode flexkv where the server offloads after every forward")
+
+    def with_budgets(self, gpu_tokens: int, host_tokens: int) -> LoadTestConfig:
+        """The config with the pools' budgets a server said (options left unset), checked."""
+        cache = replace(self.cache, budget_tokens=gpu_tokens, host_budget_tokens=host_tokens)
+        cache.check_mix()
+        options = dict(self.options, cache_budget_tokens=gpu_tokens, host_budget_tokens=host_tokens)
+        return replace(self, cache=cache, options=options)
 
     @classmethod
     def from_options(cls, parsed, host: str | None = None, secrets: dict | None = None) -> LoadTestConfig:
@@ -215,7 +265,13 @@ class LoadTestConfig:
                           v["seed"], v["time_scale"], v["time_slice_ms"], _shard(v["timeline_shard"]),
                           HistoryPolicy.of(v["over_limit"], v["rebase_keep"]))
         checks = CheckConfig(v["verify_fraction"], v["tolerance"])
-        cache = CacheConfig(v["cache_budget_tokens"], v["cache_page_tokens"])
+        cache = CacheConfig(v["cache_budget_tokens"], v["cache_page_tokens"], v["host_budget_tokens"],
+                            v["offload_mode"], TierMix.parse(v["tier_mix"]) if v["tier_mix"] else None)
+        if cache.budgets_given:
+            cache.check_mix()  # else once the server's control model said its budgets (loadtest.prepare)
+        if cache.tier_mix is not None and not kind.steers_tiers:
+            raise ConfigError(f"--tier-mix {v['tier_mix']!r}: only --workload "
+                              f"{one_of(k.name for k in WORKLOADS.values() if k.steers_tiers)} steers by tier")
         if v["min_stage_requests"] < 1 or v["max_loop_lag_ms"] <= 0:
             raise ConfigError("--min-stage-requests must be >= 1 and --max-loop-lag-ms > 0")
         if v["master_timeout"] <= 0:
@@ -227,7 +283,8 @@ class LoadTestConfig:
         target.client_options()  # the client's own checks
         report = ReportConfig(
             v["report_dir"], StageRules(v["min_stage_requests"], cache.page_tokens,
-                                        loop_lag_bound_ms=v["max_loop_lag_ms"]),
+                                        loop_lag_bound_ms=v["max_loop_lag_ms"],
+                                        tier_mix=tuple(cache.tier_mix.as_dict().items()) if cache.tier_mix else ()),
             parse_thresholds(None if v["max_mismatches"] < 0 else v["max_mismatches"],
                              None if v["max_error_ratio"] < 0 else v["max_error_ratio"],
                              v["max_p99_ms"], v["min_speedup"],

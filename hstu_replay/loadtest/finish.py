@@ -7,6 +7,7 @@ from pathlib import Path
 
 from hstu_replay.plan.over_limit import accounts_line
 from hstu_replay.loadtest.faults import LOST_EXIT_CODE
+from hstu_replay.report.tiers import shows_tiers, tier_table
 from hstu_replay.report.summary import build_report, flagged_stages, format_table, jsonable, latency_table
 from hstu_replay.report.thresholds import evaluate, verdict
 from hstu_replay.report.workers import loss_lines, with_workers
@@ -22,6 +23,7 @@ def run_metadata(environment) -> dict:
     return {
         "model": c.target.model, "interface": binding.interface.name,
         "caches": binding.interface.uses_cache, "reports_hits": binding.reports_hits,
+        "reports_tiers": binding.reports_tiers,
         "url": c.target.address, "protocol": c.target.protocol.value, "workload": c.data.workload,
         "source": c.data.path,
         "users": max(run.users, environment.runner.user_count if environment.runner else 0),
@@ -73,6 +75,9 @@ def write_final_report(environment) -> dict:
     report, paths = _written(environment)
     c = environment.hstu.run.config
     print(format_table(latency_table(report)), flush=True)
+    if shows_tiers(report):
+        print("hstu-replay: cache tiers (token hit ratio per tier, users by tier):", flush=True)
+        print(format_table(tier_table(report)), flush=True)
     html = paths.get("html")
     print(f"hstu-replay: report written to {Path(c.report.report_dir).resolve()}"
           + (f" (open {Path(html).resolve()})" if html else ""), flush=True)

@@ -99,6 +99,12 @@ OPTIONS: tuple[LoadOption, ...] = (
     LoadOption(A.MAX_VALUES.but(help="Largest request (len(values)) the model takes"), DATA),
     LoadOption(_own("--cache-budget-tokens", 0, "Server KV-cache capacity in tokens (0: unbounded)"), CACHE),
     LoadOption(A.PAGE_TOKENS.but(flag="--cache-page-tokens", help="Server KV-cache page size in tokens"), CACHE),
+    LoadOption(_own("--host-budget-tokens", 0, "Server host-tier KV capacity in tokens behind the GPU pool of "
+                    "--cache-budget-tokens (0: no host tier)"), CACHE),
+    LoadOption(_own("--offload-mode", "native", "How the server fills its host tier: native (whole chunks of 1,024 "
+                    "tokens, the reference target's default) or flexkv (every user after each forward)"), CACHE),
+    LoadOption(_own("--tier-mix", "", "Sessions: steer users to cache tiers at each stage's hit ratio, e.g. "
+                    "gpu:0.6,host:0.3,miss:0.1 (empty: off)"), CACHE),
     LoadOption(_own("--verify-fraction", 1.0, "Fraction of responses checked against references"), CHECKS),
     LoadOption(A.TOLERANCE.but(help="Max absolute logit difference accepted"), CHECKS),
     LoadOption(_own("--report-dir", "runs/latest", "Where records and reports are written"), CHECKS),

@@ -6,6 +6,7 @@ before any load). What comes out is frozen: the running phase only reads it.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -69,16 +70,35 @@ def connect(target: TargetConfig) -> ModelBinding:
         client.close()
 
 
+def server_budgets(config: LoadTestConfig, binding: ModelBinding) -> LoadTestConfig:
+    """Without budgets given, the pools' budgets a two-tier server's control model says (if it does)."""
+    if config.cache.budgets_given or not binding.interface.uses_cache:
+        return config
+    client = TritonClient(config.target.client_options())
+    try:
+        budgets = client.server_budgets()
+    finally:
+        client.close()
+    if budgets is None:
+        config.cache.check_mix()
+        return config
+    print(f"hstu-replay: the server's control model gives its pools: GPU {budgets.gpu_tokens:,} tokens, host "
+          f"{budgets.host_tokens:,} tokens (--cache-budget-tokens and --host-budget-tokens)", file=sys.stderr,
+          flush=True)
+    return config.with_budgets(budgets.gpu_tokens, budgets.host_tokens)
+
+
 def prepare(config: LoadTestConfig, placement: Placement, binding: ModelBinding | None = None) -> PreparedRun:
     if config.sweep.stage_requests and not placement.role.ends_stages_on_count:
         raise ConfigError("--stage-requests ends stages in one process; distributed stages end on --stage-seconds")
     binding = binding or connect(config.target)
+    config = server_budgets(config, binding)
     data, sweep = config.data, config.sweep
     workload = None
     if placement.role.replays:
         options = WorkloadOptions(data.path, data.candidates, data.limits, data.seed, placement.worker_index,
                                   placement.worker_count, data.time_scale, sweep.open_rate, data.time_slice_ms,
-                                  data.shard, data.policy)
+                                  data.shard, data.policy, config.cache.tier_mix)
         workload = data.kind.opens(options)
         workload.check(sweep.batches)
     ratios = sweep.ratios if binding.interface.uses_cache else (0.0,)  # nothing to hit: one cold stage

@@ -41,8 +41,9 @@ class ActiveRun:
         self.server_stages: dict = {}  # bin name -> Triton queue/compute split (master / local)
         placement = prepared.placement
         budget = self.config.cache.budget_tokens
-        self.cache = CacheModel(None if budget <= 0 else budget // max(placement.worker_count, 1),
-                                self.config.cache.page_tokens)
+        workers = max(placement.worker_count, 1)
+        self.cache = CacheModel(None if budget <= 0 else budget // workers, self.config.cache.page_tokens,
+                                self.config.cache.host_budget_tokens // workers, self.config.cache.offload_mode)
         self.records = None
         if placement.role.replays:
             self.records = RecordWriter(Path(self.config.report.report_dir),
@@ -81,7 +82,7 @@ class ActiveRun:
 
     def source_for(self, user_index: int) -> StepSource:
         keys = KeyAllocator(self.prepared.placement.worker_index, user_index)
-        return self.prepared.workload.source(keys)
+        return self.prepared.workload.source(keys, self.cache)
 
     def open_client(self):
         """A Triton client closed by `close()` at the latest: a gRPC channel left to the

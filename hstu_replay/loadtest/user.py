@@ -114,11 +114,12 @@ class HstuUser(User):
         """Send one request and file it; a failed one leaves its keys' server state unknown."""
         run = self.run
         caches = run.prepared.caches
-        predicted = run.cache.predict(request) if caches else (0,) * request.batch_size
+        predicted = run.cache.predict_tiers(request) if caches else None
         start = time.monotonic()
         try:
             response = self.client.infer(request)
-            outcome = Outcome(response.latency_s, response.logits, response.cached_tokens)
+            outcome = Outcome(response.latency_s, response.logits, response.cached_tokens,
+                              host_cached_tokens=response.host_cached_tokens)
         except HstuReplayError as exc:
             outcome = Outcome(time.monotonic() - start, error=str(exc), refused=isinstance(exc, ServerUnavailable))
             if caches:
@@ -144,7 +145,9 @@ class HstuUser(User):
                                         f"> {checks.tolerance} {v.reason}").rstrip()
                     exception = MismatchError(outcome.mismatch)
         hits = (0,) * request.batch_size if prime else step.expected_hits
-        run.accountant.file(Sent(kind, position.stage.key, request, hits, predicted, outcome, label, self.index))
+        run.accountant.file(Sent(kind, position.stage.key, request, hits,
+                                 predicted.hits if predicted else (0,) * request.batch_size, outcome, label,
+                                 self.index, predicted.host if predicted else ()))
         if kind == "measure" and outcome.ok:
             run.clock.measured(position.stage)
         self.environment.events.request.fire(

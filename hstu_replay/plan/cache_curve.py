@@ -86,8 +86,18 @@ class _Fenwick:
         return s
 
 
-def cache_curve(keys: np.ndarray, tokens: np.ndarray, bounds: np.ndarray, page_tokens: int = 32) -> CacheCurve:
-    """`keys[i]`, `tokens[i]`: the cache key and history tokens of access i, in send order;
+@dataclass(frozen=True, eq=False)
+class Returns:
+    """Every access of a user seen before, in send order: the pages a budget needs for it to hit
+    (its threshold) and the tokens it then finds; and the largest request, in pages."""
+
+    thresholds: np.ndarray
+    hits: np.ndarray
+    largest_pages: int
+
+
+def return_thresholds(keys: np.ndarray, tokens: np.ndarray, bounds: np.ndarray, page_tokens: int = 32) -> Returns:
+    """`keys[i]`, `tokens[i]`: the cache key and the tokens it holds after access i, in send order;
     request r is accesses bounds[r]:bounds[r + 1] (distinct keys). A key's tokens never shrink."""
     n = len(keys)
     fen = _Fenwick(n)
@@ -114,13 +124,19 @@ def cache_curve(keys: np.ndarray, tokens: np.ndarray, bounds: np.ndarray, page_t
                 fen.add(j, -pages_of(held[key], page_tokens))
             fen.add(i, pages_l[i])
             last[key], held[key] = i, tokens_l[i]
-    thresholds, hits = np.frombuffer(thresholds, dtype=np.int64), np.frombuffer(hits, dtype=np.int64)
-    order = np.argsort(thresholds, kind="stable")
-    sorted_thresholds = thresholds[order]
-    cumulative = np.cumsum(hits[order])
+    return Returns(np.frombuffer(thresholds, dtype=np.int64), np.frombuffer(hits, dtype=np.int64), largest)
+
+
+def cache_curve(keys: np.ndarray, tokens: np.ndarray, bounds: np.ndarray, page_tokens: int = 32) -> CacheCurve:
+    """The curve of a trace (see `return_thresholds` for its layout)."""
+    returns = return_thresholds(keys, tokens, bounds, page_tokens)
+    order = np.argsort(returns.thresholds, kind="stable")
+    sorted_thresholds = returns.thresholds[order]
+    cumulative = np.cumsum(returns.hits[order])
     return CacheCurve(
-        thresholds=sorted_thresholds, cumulative_hits=cumulative, total_tokens=int(np.sum(tokens, dtype=np.int64)),
-        page_tokens=page_tokens, requests=len(bounds) - 1, accesses=n, returning=len(thresholds),
-        exact_from_tokens=largest * page_tokens,
+        thresholds=sorted_thresholds, cumulative_hits=cumulative,
+        total_tokens=int(np.sum(np.asarray(tokens, dtype=np.int64), dtype=np.int64)),
+        page_tokens=page_tokens, requests=len(bounds) - 1, accesses=len(keys), returning=len(returns.thresholds),
+        exact_from_tokens=returns.largest_pages * page_tokens,
         all_fit_tokens=int(sorted_thresholds[-1]) * page_tokens if len(sorted_thresholds) else 0,
     )

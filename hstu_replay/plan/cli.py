@@ -60,6 +60,10 @@ def add_commands(groups) -> None:
     VISITS_PER_REQUEST.add_to(curve)
     TIME_SLICE_MS.add_to(curve, help="visits of one time slice share a request (default 0: one visit per request)")
     PAGE_TOKENS.add_to(curve)
+    Option("--host-budgets", "host-tier budgets (tokens) behind each GPU budget of --budgets: the token hit ratio "
+           "per tier over that grid (NVIDIA's cpu_cache_gb is 1 GB)", "", metavar="TOKENS,...").add_to(curve)
+    Option("--offload-mode", "how the host tier is filled: native (whole chunks of 1,024 tokens, the reference "
+           "target's default) or flexkv (every user after each forward)", "native").add_to(curve)
     curve.set_defaults(func=_cache_curve)
 
 
@@ -69,6 +73,16 @@ def _within(*checks: tuple[str, int, int, int | None]) -> None:
         if value < low or (high is not None and value > high):
             bounds = f"{low}..{high}" if high is not None else f">= {low}"
             raise ConfigError(f"{name} must be {bounds}, got {value}")
+
+
+def _token_list(flag: str, text: str) -> list[int]:
+    try:
+        values = [int(b) for b in text.split(",") if b.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: give whole token counts, e.g. 100000,1000000") from None
+    if any(b < 0 for b in values):
+        raise ConfigError(f"{flag} {text!r}: budgets cannot be negative")
+    return values
 
 
 def _check(args: argparse.Namespace) -> tuple[ModelInterface, float, Limits]:
@@ -125,7 +139,8 @@ def _export(args: argparse.Namespace) -> int:
 
 def _cache_curve(args: argparse.Namespace) -> int:
     from hstu_replay.plan.over_limit import HistoryPolicy, accounts_line
-    from hstu_replay.report.curve import CurveOptions, curve_json, store_curve, write_curve
+    from hstu_replay.plan.tiers import OFFLOAD_MODES
+    from hstu_replay.report.curve import CurveOptions, curve_json, store_curves, tiers_json, tiers_lines, write_curve
 
     limits = Limits(max_history=args.max_history, max_values=args.max_values)
     _within(("--batch-size", args.batch_size, 1, limits.max_batch),
@@ -134,18 +149,20 @@ def _cache_curve(args: argparse.Namespace) -> int:
             ("--max-values", args.max_values, 1, None),
             ("--time-slice-ms", args.time_slice_ms, 0, None),
             ("--page-tokens", args.page_tokens, 1, None))
-    try:
-        budgets = [int(b) for b in args.budgets.split(",") if b.strip()]
-    except ValueError:
-        raise ConfigError(f"--budgets {args.budgets!r}: give whole token counts, e.g. 100000,1000000") from None
-    if any(b < 0 for b in budgets):
-        raise ConfigError(f"--budgets {args.budgets!r}: budgets cannot be negative")
+    budgets = _token_list("--budgets", args.budgets)
+    host_budgets = _token_list("--host-budgets", args.host_budgets)
+    if args.offload_mode not in OFFLOAD_MODES:
+        raise ConfigError(f"--offload-mode {args.offload_mode!r}: use {' or '.join(OFFLOAD_MODES)}")
+    if host_budgets and not budgets:
+        raise ConfigError(f"--host-budgets {args.host_budgets!r}: give the GPU budgets of the grid with --budgets")
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
         raise ConfigError(f"--out {args.out}: exists and is not a folder")
     options = CurveOptions(args.store, args.candidates, limits, args.batch_size, args.time_slice_ms, args.page_tokens,
                            HistoryPolicy.of(args.over_limit, args.rebase_keep))
-    curve, info = store_curve(options)
+    curve, tiers, info = store_curves(options, args.offload_mode if host_budgets else None)
     summary = curve_json(curve, info, options, budgets)
+    if tiers is not None:
+        summary["tiers"] = tiers_json(tiers, budgets, host_budgets)
     print(f"{args.store}: {info['visits']:,} visits of {info['users']:,} users in {curve.requests:,} requests, "
           f"{curve.total_tokens:,} history tokens; curve computed in {info['seconds']:.2f} s")
     print(accounts_line(info["visit_kinds"]))
@@ -157,6 +174,9 @@ def _cache_curve(args: argparse.Namespace) -> int:
     for b in summary["budgets"]:
         print(f"  budget {b['budget_tokens']:>14,} tokens: hit ratio {b['hit_ratio']:.4f}"
               + ("" if b["exact"] else " (below the largest request: approximate)"))
+    if tiers is not None:
+        print(f"two tiers ({args.offload_mode} offload), token hit ratio per tier:")
+        print("\n".join(tiers_lines(summary["tiers"]["grid"])))
     if args.out is not None:
         for path in write_curve(Path(args.out), curve, summary):
             print(f"wrote {path}")

@@ -7,11 +7,19 @@ with a prefix of the right length and then asks for the next natural visit (even
 next gap of 60 s or more). Candidates are the events that follow the history. At batch B a
 history is capped (from its start, so keys still only grow) where B such users fit the model's
 `max_values`.
+
+With a tier mix (`TierSteering`) each slot is also steered to a cache tier by choosing which of
+its virtual user's keys it sends (the working set: the keys it sent before, parked), against the
+client's two-tier model of the server: a GPU hit is a fresh key primed to the stage's ratio
+(the GPU holds the prime); a host hit grows a key only the host pool holds, the most recently sent
+one; a miss is a fresh key sent cold. Every fresh key joins the working set and pushes the least
+recent one out of the GPU, so keys age into the host pool while they can still grow. Parked keys
+that neither pool holds any more, or that cannot grow, are retired.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -20,6 +28,8 @@ from hstu_replay.plan.dealer import Dealer
 from hstu_replay.plan.keys import KeyAllocator
 from hstu_replay.plan.reuse import prime_items, warm_items
 from hstu_replay.plan.step import PlannedStep
+from hstu_replay.plan.tier_mix import TierMix, TierPattern
+from hstu_replay.plan.tiers import Tier
 from hstu_replay.request import UserRequest, build_request
 
 SESSION_GAP_MS = 60_000
@@ -42,12 +52,25 @@ def usable_users(store, candidates: int) -> list[int]:
     return [u for u in range(len(store)) if len(store.user(u).video_ids) > candidates]
 
 
+@dataclass(frozen=True)
+class TierSteering:
+    """What steering by tier needs: the mix, and the process's model of the server's two tiers
+    (`CacheModel`: `where(key)` and `held(key)`)."""
+
+    mix: TierMix
+    model: object
+
+
 class SessionSource:
     """One virtual user's stream of session-replay steps; users come from the process's dealer."""
 
-    def __init__(self, store, dealer: Dealer, keys: KeyAllocator, candidates: int, limits: Limits):
+    def __init__(self, store, dealer: Dealer, keys: KeyAllocator, candidates: int, limits: Limits,
+                 steering: TierSteering | None = None):
         self.store, self.dealer, self.keys, self.limits = store, dealer, keys, limits
         self.candidates = candidates
+        self.steering = steering
+        self._pattern = TierPattern(steering.mix) if steering is not None else None
+        self._parked: list[_Slot] = []  # the working set: keys sent before, not in a slot now
         self._slots: list[_Slot] = []
         self._boundaries: dict[int, np.ndarray] = {}
         self._retired: list[int] = []  # keys never to be sent again, handed out by `settle`
@@ -65,7 +88,8 @@ class SessionSource:
         slots = tuple(self._slots[:batch_size])
         primes, measured, hits, labels = [], [], [], []
         for slot in slots:
-            prime, request, hit = self._plan_slot(slot, target, cap)
+            goal = target if self.steering is None else self._steer(slot, target, cap)
+            prime, request, hit = self._plan_slot(slot, goal, cap)
             if prime is not None:
                 primes.append(prime)
             measured.append(request)
@@ -93,6 +117,8 @@ class SessionSource:
         """The server lost its cache: every slot starts a fresh key at its next step."""
         for slot in self._slots:
             self._drop_key(slot)
+        self._retired += [p.key for p in self._parked]
+        self._parked = []
 
     def _drop_key(self, slot: _Slot) -> None:
         if slot.key is not None:
@@ -122,9 +148,62 @@ class SessionSource:
         end = int(bounds[i]) if i < len(bounds) else len(self.store.user(user).video_ids)
         return min(max(end, after + 1), self._available(user, cap))
 
+    # -- steering by tier -----------------------------------------------------------------
+
+    def _steer(self, slot: _Slot, target: float, cap: int) -> float:
+        """Put into `slot` a key that meets the next tier of the pattern; the ratio to plan it at."""
+        model = self.steering.model
+        self._parked = [p for p in self._parked if self._keep(p, cap)]
+        tier = self._pattern.next()
+        if tier is Tier.HOST:
+            others = {s.user for s in self._slots if s is not slot}
+            for candidate in self._parked[::-1]:  # the most recently sent first: the host's last to go
+                if (candidate.user not in others and model.where(candidate.key) is Tier.HOST
+                        and self._grows(candidate, target, cap)):
+                    self._swap(slot, candidate, cap)
+                    return target
+        self._park(slot, cap)
+        self._next_user(slot)
+        # GPU: a fresh key primed to the ratio (the GPU holds the prime); its key then ages out of the GPU as
+        # newer keys come in and serves a host hit later. A miss (or no key that only the host holds, which
+        # the miss then makes): a fresh key sent cold.
+        return target if tier is Tier.GPU else 0.0
+
+    def _grows(self, entry: _Slot, target: float, cap: int) -> bool:
+        held = self.steering.model.held(entry.key)
+        return warm_items(target, held, entry.sent, self._available(entry.user, cap)) is not None
+
+    def _keep(self, entry: _Slot, cap: int) -> bool:
+        """A parked key stays while a pool holds it and it can grow; else it is retired."""
+        if self.steering.model.where(entry.key) is Tier.MISS or entry.sent >= self._available(entry.user, cap):
+            self._retired.append(entry.key)
+            return False
+        return True
+
+    def _park(self, slot: _Slot, cap: int) -> None:
+        if slot.key is not None and slot.sent < self._available(slot.user, cap):
+            self._parked.append(replace(slot))
+            slot.key = None
+        self._drop_key(slot)
+
+    def _swap(self, slot: _Slot, entry: _Slot, cap: int) -> None:
+        if entry is slot:
+            return
+        self._parked.remove(entry)
+        self._park(slot, cap)
+        self.dealer.release(slot.user)
+        slot.user, slot.key, slot.sent = entry.user, entry.key, entry.sent
+
+    def _held(self, slot: _Slot) -> int:
+        """Tokens the server holds for the slot's key: its whole history (one tier), or what the
+        two-tier model says (a host copy may hold whole chunks only)."""
+        if slot.key is None:
+            return 0
+        return history_tokens(slot.sent) if self.steering is None else self.steering.model.held(slot.key)
+
     def _plan_slot(self, slot: _Slot, target: float, cap: int) -> tuple[UserRequest | None, UserRequest, int]:
         available = self._available(slot.user, cap)
-        held = history_tokens(slot.sent) if slot.key is not None else 0
+        held = self._held(slot)
         items = warm_items(target, held, slot.sent, available) if slot.key is not None else None
         prime = None
         if items is None:

@@ -20,6 +20,7 @@ from hstu_replay.plan.dealer import Dealer
 from hstu_replay.plan.keys import KeyAllocator
 from hstu_replay.plan.over_limit import HistoryPolicy
 from hstu_replay.plan.step import PlannedStep
+from hstu_replay.plan.tier_mix import TierMix
 
 
 class StepSource(Protocol):
@@ -51,6 +52,7 @@ class WorkloadOptions:
     slice_ms: int = 0  # natural replay: visits of one slice share a request (0: one visit each)
     shard: tuple[int, int] = (0, 1)  # natural replay: only users i of n (store index modulo n)
     policy: HistoryPolicy = HistoryPolicy()  # natural replay: a visit whose history is past the limit
+    tier_mix: TierMix | None = None  # steer each slot to a cache tier (sessions)
 
 
 class Workload(Protocol):
@@ -58,7 +60,8 @@ class Workload(Protocol):
 
     def history_cap(self, batch_size: int) -> int | None: ...
 
-    def source(self, keys: KeyAllocator) -> StepSource: ...
+    def source(self, keys: KeyAllocator, cache=None) -> StepSource:
+        """One virtual user's source; `cache` is the process's model of the server's cache."""
 
 
 class SessionWorkload:
@@ -89,11 +92,12 @@ class SessionWorkload:
     def history_cap(self, batch_size: int) -> int:
         return self.options.limits.history_cap(batch_size, self.options.candidates)
 
-    def source(self, keys: KeyAllocator) -> StepSource:
-        from hstu_replay.plan.sessions import SessionSource
+    def source(self, keys: KeyAllocator, cache=None) -> StepSource:
+        from hstu_replay.plan.sessions import SessionSource, TierSteering
 
         o = self.options
-        return SessionSource(self.store, self.dealer, keys, o.candidates, o.limits)
+        steering = TierSteering(o.tier_mix, cache) if o.tier_mix is not None and cache is not None else None
+        return SessionSource(self.store, self.dealer, keys, o.candidates, o.limits, steering)
 
 
 class DumpWorkload:
@@ -132,7 +136,7 @@ class DumpWorkload:
     def history_cap(self, batch_size: int) -> None:
         return None  # dumped requests are sent as dumped
 
-    def source(self, keys: KeyAllocator) -> StepSource:
+    def source(self, keys: KeyAllocator, cache=None) -> StepSource:
         from hstu_replay.plan.dumps import DumpSource
 
         return DumpSource(self.pool, self.dealer, self.held, keys, self.options.limits)
@@ -172,7 +176,7 @@ class TimelineWorkload:
     def history_cap(self, batch_size: int) -> int:
         return self.options.limits.history_cap(batch_size, self.options.candidates)
 
-    def source(self, keys: KeyAllocator) -> StepSource:
+    def source(self, keys: KeyAllocator, cache=None) -> StepSource:
         from hstu_replay.plan.timeline import TimelineSource
 
         if self.timeline is None:
@@ -199,6 +203,7 @@ class WorkloadKind:
     data_option: str  # the option naming its data: "store" or "dump_dir"
     data_needed: str  # what the error says is missing when that option is empty
     help: str  # one phrase for --workload's help
+    steers_tiers: bool = False  # takes --tier-mix
     natural: bool = False  # replays the log's own times: its steps say when they go (no arrival clock),
     # one stage whose hit ratio emerges, --time-scale / --timeline-shard apply, a natural report section;
     # its sources run dry when the log ends (StepSource.exhausted)
@@ -211,7 +216,7 @@ class WorkloadKind:
 #: --workload name -> its declaration
 WORKLOADS: dict[str, WorkloadKind] = {k.name: k for k in (
     WorkloadKind("sessions", SessionWorkload, "store", "--store (a prepared KuaiRand store)",
-                 "sessions (replay a prepared store)"),
+                 "sessions (replay a prepared store)", steers_tiers=True),
     WorkloadKind("dumps", DumpWorkload, "dump_dir", "--dump-dir", "dumps (NVIDIA dump dir)"),
     WorkloadKind("timeline", TimelineWorkload, "store", "--store (a prepared KuaiRand store)",
                  "timeline (natural replay of a store in the log's time order)", natural=True),

@@ -1,7 +1,8 @@
 """`hstu-replay plan cache-curve`: the trace of a store, its hit-ratio-vs-budget curve, written out.
 
 curve.json (the trace, the options, the requested budgets and the curve's steps), curve.csv
-(every step: budget tokens, hit ratio) and curve.png (when matplotlib is installed).
+(every step: budget tokens, hit ratio) and curve.png (when matplotlib is installed). With host
+budgets, also the two-tier grid (`plan.tier_curve`): curve.json's `tiers` and curve_tiers.csv.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from hstu_replay.errors import ConfigError
 from hstu_replay.interface import Limits
 from hstu_replay.plan.cache_curve import CacheCurve, cache_curve
 from hstu_replay.plan.over_limit import HistoryPolicy
+from hstu_replay.plan.tier_curve import TierCurve, tier_curve
 from hstu_replay.plan.timeline import build_trace, group_requests
 
-CURVE_JSON, CURVE_CSV, CURVE_PNG = "curve.json", "curve.csv", "curve.png"
+CURVE_JSON, CURVE_CSV, CURVE_PNG, TIERS_CSV = "curve.json", "curve.csv", "curve.png", "curve_tiers.csv"
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,12 @@ class CurveOptions:
 
 def store_curve(options: CurveOptions) -> tuple[CacheCurve, dict]:
     """The curve of a store's natural replay; and what was computed (trace size, seconds)."""
+    curve, _, info = store_curves(options)
+    return curve, info
+
+
+def store_curves(options: CurveOptions, offload_mode: str | None = None) -> tuple[CacheCurve, TierCurve | None, dict]:
+    """The one-tier curve of a store's natural replay and, with an offload mode, its two-tier curve."""
     from hstu_replay.data.store import SequenceStore
     from hstu_replay.errors import HstuReplayError
 
@@ -52,10 +60,13 @@ def store_curve(options: CurveOptions) -> tuple[CacheCurve, dict]:
         raise ConfigError(f"--store {options.store}: no user comes back after a gap of 60 s; nothing to replay")
     bounds = group_requests(trace, options.slice_ms, options.batch_size)
     curve = cache_curve(trace.cache_keys, trace.tokens, bounds, options.page_tokens)
+    tiers = (tier_curve(trace.cache_keys, trace.tokens, bounds, options.page_tokens, offload_mode)
+             if offload_mode else None)
     seconds = time.perf_counter() - began
-    return curve, {"store": str(options.store), "users": int(len(set(trace.users.tolist()))), "visits": len(trace),
-                   "history_cap": trace.history_cap, "span_ms": int(trace.times_ms[-1] - trace.times_ms[0]),
-                   "seconds": round(seconds, 3), "visit_kinds": trace.accounts().to_dict(options.policy)}
+    info = {"store": str(options.store), "users": int(len(set(trace.users.tolist()))), "visits": len(trace),
+            "history_cap": trace.history_cap, "span_ms": int(trace.times_ms[-1] - trace.times_ms[0]),
+            "seconds": round(seconds, 3), "visit_kinds": trace.accounts().to_dict(options.policy)}
+    return curve, tiers, info
 
 
 def curve_json(curve: CacheCurve, info: dict, options: CurveOptions, budgets: list[int]) -> dict:
@@ -75,9 +86,30 @@ def curve_json(curve: CacheCurve, info: dict, options: CurveOptions, budgets: li
     }
 
 
+def tiers_json(tiers: TierCurve, gpu_budgets: list[int], host_budgets: list[int]) -> dict:
+    """curve.json's `tiers`: the token hit ratio per tier at every (GPU budget, host budget) asked for."""
+    return {"computed": "offline, one pass of stack distances per pool (plan.tier_curve)",
+            "offload_mode": tiers.offload_mode, "exact_from_tokens": tiers.exact_from_tokens,
+            "grid": tiers.grid(gpu_budgets, host_budgets)}
+
+
+def tiers_lines(grid: list[dict]) -> list[str]:
+    return [f"  gpu {p['gpu_budget_tokens']:>12,} host {p['host_budget_tokens']:>12,} tokens: gpu hit "
+            f"{p['gpu_ratio']:.4f} host hit {p['host_ratio']:.4f} together {p['hit_ratio']:.4f}"
+            + ("" if p["exact"] else " (below the largest request: approximate)") for p in grid]
+
+
 def write_curve(out: Path, curve: CacheCurve, summary: dict) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = [out / CURVE_JSON, out / CURVE_CSV]
+    if summary.get("tiers"):
+        text = io.StringIO()
+        rows = csv.writer(text)
+        rows.writerow(["gpu_budget_tokens", "host_budget_tokens", "gpu_ratio", "host_ratio", "hit_ratio"])
+        rows.writerows((p["gpu_budget_tokens"], p["host_budget_tokens"], f"{p['gpu_ratio']:.6f}",
+                        f"{p['host_ratio']:.6f}", f"{p['hit_ratio']:.6f}") for p in summary["tiers"]["grid"])
+        (out / TIERS_CSV).write_text(text.getvalue())
+        written.append(out / TIERS_CSV)
     written[0].write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
     text = io.StringIO()
     rows = csv.writer(text)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from hstu_replay.report.tiers import MIX_TOLERANCE, stage_tiers
 from hstu_replay.stats.run_stats import BinKey, BinStats
 
 #: The least distance from its target at which a stage's achieved hit ratio is off target.
@@ -19,7 +20,8 @@ RATIO_TOLERANCE = 0.005
 FLAG_MEANINGS = {
     "thin": "fewer measured requests than --min-stage-requests: its percentiles rest on too few samples",
     "off-target": "the achieved hit ratio lies farther from the target than max(0.005, one cache page / mean "
-                  "history tokens): the stage measured another ratio than the one asked for",
+                  "history tokens), or (steered by --tier-mix) the share of users of a tier lies more than 0.02 "
+                  "from its target: the stage measured another operating point than the one asked for",
     "client-bound": "a load-generator process used >= 90% of a core, or its event loop ran late: the client's "
                     "own queueing may read as server latency",
     "server-down": "the server was unreachable for part of the stage: its figures mix outage and service",
@@ -34,6 +36,7 @@ class StageRules:
     page_tokens: int = 32  # the server's cache page: hits are lost and found in pages
     client_cpu_bound: float = 0.9  # a load-generator process this busy (1.0 = one core) queues requests
     loop_lag_bound_ms: float = 50.0  # the client's event loop this late (p99) delays sends and receipts
+    tier_mix: tuple[tuple[str, float], ...] = ()  # --tier-mix: (tier, share) pairs; a stage is judged on it
 
 
 def ratio_tolerance(mean_history_tokens: float, page_tokens: int) -> float:
@@ -47,7 +50,13 @@ def stage_flags(key: BinKey, s: BinStats, rules: StageRules) -> list[dict]:
     flags = []
     if s.requests < rules.min_requests:
         flags.append(("thin", f"{s.requests} measured requests < {rules.min_requests}"))
-    if s.requests and s.logical_requests:
+    if s.requests and rules.tier_mix:
+        tiers = stage_tiers(s, dict(rules.tier_mix))
+        if not tiers["mix_distance"] <= MIX_TOLERANCE:
+            shown = ", ".join(f"{k} {v:.3f}" for k, v in tiers["mix"].items())
+            flags.append(("off-target", f"achieved tier mix {shown} ({tiers['source']}) is {tiers['mix_distance']:.3f} "
+                                        f"from its target (tolerance {MIX_TOLERANCE})"))
+    elif s.requests and s.logical_requests:
         tolerance = ratio_tolerance(s.history_tokens / s.logical_requests, rules.page_tokens)
         miss = abs(s.achieved_ratio - key.goal_ratio)
         if miss > tolerance:

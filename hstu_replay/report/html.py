@@ -20,6 +20,7 @@ from hstu_replay.report.kit import NO_VALUE, cell, escape, fmt, grid, page, tabl
 from hstu_replay.report.natural import natural_html
 from hstu_replay.report.summary import goal_name, latency_table
 from hstu_replay.report.svg import charts
+from hstu_replay.report.tiers import shows_tiers, tier_table
 from hstu_replay.report.workers import workers_html
 
 #: Option names whose values are never shown (request headers carry auth tokens).
@@ -86,7 +87,8 @@ def _value(value: Any) -> str:
 #: How the run's fields read; fields not named here keep their key.
 RUN_LABELS = {
     "model": "model", "interface": "interface", "caches": "model keeps a KV cache",
-    "reports_hits": "server reports its cache hits", "url": "Triton address", "protocol": "protocol",
+    "reports_hits": "server reports its cache hits",
+    "reports_tiers": "server reports its host-tier hits", "url": "Triton address", "protocol": "protocol",
     "workload": "workload", "source": "data", "users": "users", "workers": "worker processes",
     "role": "written by", "started": "started", "history_caps": "history caps",
 }
@@ -182,6 +184,11 @@ def _errors(errors: Mapping[str, int]) -> str:
     return table(["reason", "count"], rows, text_cols=1)
 
 
+TIERS_NOTE = ("<p>Token hit ratio per tier (reused tokens found on the GPU, onboarded from the host, over the "
+              "history tokens sent) and the users of measured requests by tier; from the server where it sends "
+              "HOST_CACHED_TOKENS, else the client's two-tier model.</p>")
+
+
 def render_html(report: dict) -> str:
     """The whole page."""
     run = report.get("run") or {}
@@ -195,6 +202,8 @@ def render_html(report: dict) -> str:
         f'<div class="charts">{"".join(charts(report))}</div>',
         grid(latency),
         "<h2>Stages: target vs achieved hit ratio</h2>", _stages(report["stages"]),
+        *(("<h2>Cache tiers: GPU hit, host hit, miss</h2>", TIERS_NOTE, grid(tier_table(report)))
+          if shows_tiers(report) else ()),
         *(natural_html(report["natural"]) if report.get("natural") else ()),
         *workers_html(report),
         "<h2>Flags</h2>", _flags(report["stages"]),

@@ -14,6 +14,7 @@ from typing import Any
 import hstu_replay
 from hstu_replay.report.flags import StageRules, stage_flags
 from hstu_replay.report.kit import NO_VALUE, fmt
+from hstu_replay.report.tiers import stage_tiers
 from hstu_replay.stats.run_stats import BinKey, BinStats, RunStats
 
 def jsonable(value: Any) -> Any:
@@ -76,6 +77,7 @@ def _stage(key: BinKey, s: BinStats, rules: StageRules) -> dict:
         "expected_ratio": _ratio(s.expected_hits, s.history_tokens),
         "hit_disagreements": s.hit_disagreements,
         "hits_lost": s.hits_lost,
+        "tiers": stage_tiers(s, dict(rules.tier_mix) or None),
         "requests": s.requests,
         "mean_ms": s.latency.mean_ms,
         "ms_per_logical_request": ms_per_logical_request(s.latency.mean_ms, key.batch_size),

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
+from hstu_replay.plan.tiers import tier_of
 from hstu_replay.request import RequestTensors
 from hstu_replay.stats.run_stats import BinKey, RunStats
 from hstu_replay.verify import Verdict
@@ -29,6 +30,7 @@ class Outcome:
     mismatch: str = ""  # one line naming request, user and difference, when the verdict fails
     lag_s: float | None = None  # open loop: actual send - intended send
     refused: bool = False  # the server was not there to take it (see client.ServerUnavailable)
+    host_cached_tokens: np.ndarray | None = None  # the part of cached_tokens onboarded from the host tier
 
     @property
     def ok(self) -> bool:
@@ -47,6 +49,7 @@ class Sent:
     outcome: Outcome
     label: str
     user: int  # virtual user index in its process
+    predicted_host_hits: tuple[int, ...] = ()  # the part of predicted_hits the model onboards from the host
 
 
 class RecordSink(Protocol):
@@ -99,11 +102,27 @@ class Accountant:
             b.hits_lost += observed < predicted
             hits = observed
         b.computed_tokens += tokens - hits
+        self._file_tiers(b, sent, tokens)
         if outcome.verdict is not None:
             b.verified += 1
             if not outcome.verdict.ok:
                 b.mismatches += 1
                 self.stats.count_error(outcome.mismatch)
+
+    @staticmethod
+    def _file_tiers(b, sent: Sent, tokens: int) -> None:
+        """Tokens and users per tier: the model's always, the server's where it sends HOST_CACHED_TOKENS."""
+        host = sent.predicted_host_hits or (0,) * len(sent.predicted_hits)
+        b.predicted_host_hits += sum(host)
+        for tier in map(tier_of, sent.predicted_hits, host):
+            b.add_tier_user("predicted", tier)
+        outcome = sent.outcome
+        if outcome.cached_tokens is None or outcome.host_cached_tokens is None:
+            return
+        b.observed_host_hits += int(outcome.host_cached_tokens.sum())
+        b.observed_tier_tokens += tokens
+        for hit, onboarded in zip(outcome.cached_tokens.tolist(), outcome.host_cached_tokens.tolist()):
+            b.add_tier_user("observed", tier_of(hit, onboarded))
 
     def _record(self, sent: Sent, tokens: int) -> dict:
         outcome = sent.outcome
@@ -113,6 +132,9 @@ class Accountant:
             "tokens": tokens, "keys": sent.request.user_ids.tolist(),
             "expected_hits": sum(sent.expected_hits), "predicted_hits": sum(sent.predicted_hits),
             "observed_hits": None if outcome.cached_tokens is None else int(outcome.cached_tokens.sum()),
+            "predicted_host_hits": sum(sent.predicted_host_hits),
+            "observed_host_hits": (None if outcome.host_cached_tokens is None
+                                   else int(outcome.host_cached_tokens.sum())),
             "ok": outcome.ok, "error": outcome.error or None, "label": sent.label,
             "worker": self.worker_index, "user": sent.user,
         }

@@ -67,6 +67,16 @@ class BinStats:
     observed_tokens: int = 0  # history tokens of requests with a server report
     hit_disagreements: int = 0  # requests whose reported hits differ from the prediction
     hits_lost: int = 0  # requests that found less cached than predicted (a restart, a foreign eviction)
+    # two cache tiers: hits onboarded from the host, and users per tier (GPU hit, host hit, miss)
+    predicted_host_hits: int = 0
+    observed_host_hits: int = 0  # where the server sends HOST_CACHED_TOKENS
+    observed_tier_tokens: int = 0  # history tokens of requests with that report
+    predicted_gpu_users: int = 0
+    predicted_host_users: int = 0
+    predicted_miss_users: int = 0
+    observed_gpu_users: int = 0
+    observed_host_users: int = 0
+    observed_miss_users: int = 0
     verified: int = 0
     mismatches: int = 0  # answered, but wrong: also failures
     first_start: float = math.inf  # epoch seconds
@@ -98,6 +108,11 @@ class BinStats:
             values[name] = LatencyHistogram.from_dict(d[name])
         values["first_start"] = math.inf if d["first_start"] is None else d["first_start"]
         return cls(**values)
+
+    def add_tier_user(self, source: str, tier) -> None:
+        """One user of a measured request, by where its reuse came from (`source`: predicted or observed)."""
+        name = f"{source}_{tier.value}_users"
+        setattr(self, name, getattr(self, name) + 1)
 
     # -- derived figures --------------------------------------------------------------
 

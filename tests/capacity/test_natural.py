@@ -74,3 +74,72 @@ def test_bad_options_are_one_line(tmp_path, long_store):
         proc = _natural("--store", str(long_store), "--repository", str(tmp_path), "--slo-p99-ms", "100",
                         "--request-rate", "5", *bad)
         assert proc.returncode == 2 and flag in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, bad
+
+
+def test_a_host_tier_behind_each_budget_computed_per_tier_and_passed_to_target_and_client(long_store, tmp_path):
+    """With --host-budget-tokens every step's target and client get the host tier, and each step's
+    computed figures per tier are a plain two-tier replay's of the servers' shares (a stand-in runs the steps)."""
+    from hstu_replay.capacity.natural import NaturalPlan, plan_capacity, step_command
+    from hstu_replay.capacity.search import Measurement, Slo
+    from hstu_replay.plan.timeline import shard_trace
+    from tests.oracle.server import TwoTierCache
+
+    plan = NaturalPlan(str(long_store), str(tmp_path), tmp_path, Slo(100.0, 0.01), 10.0, budgets=(1500, 4000),
+                       max_servers=2, max_history=256, host_budget_tokens=6000)
+    command = step_command(plan, "127.0.0.1:1", 1500, 1, 0, tmp_path)
+    assert command[command.index("--host-budget-tokens") + 1] == "6000" and "--offload-mode" in command
+    steps = []
+
+    def run(plan_, budget, servers, shard):
+        report_dir = tmp_path / f"{budget}_{servers}_{shard}"
+        report_dir.mkdir()
+        tiers = {"gpu_ratio": 0.25, "host_ratio": 0.5, "mix": {"gpu": 0.5, "host": 0.4, "miss": 0.1},
+                 "source": "observed"}
+        (report_dir / "report.json").write_text(json.dumps({"stages": [{"tiers": tiers}], "bins": []}))
+        steps.append((budget, servers))
+        p99 = 50.0 if servers == 2 and budget == 4000 else 500.0
+        return Measurement(float(budget), requests=40, throughput_rps=10.0, p50_ms=1.0, p99_ms=p99, error_ratio=0.0,
+                           achieved_ratio=0.5, hit_source="observed", report_dir=str(report_dir))
+
+    result = plan_capacity(plan, run, say=lambda line: None)
+    assert steps == [(1500, 1), (1500, 2), (1500, 2), (4000, 1), (4000, 2), (4000, 2)]
+    assert result["answer"] == {"budget_tokens": 4000, "servers": 2, "total_tokens": 8000, "shards_measured": 2,
+                                "host_budget_tokens": 6000}
+    trace = build_trace(SequenceStore.open(long_store), 16, Limits(max_history=256), 1)
+    for step in result["steps"]:
+        gpu = host = tokens = 0
+        for i in range(step["servers"]):
+            share = shard_trace(trace, i, step["servers"])
+            cache = TwoTierCache(step["budget_tokens"], 6000, 32)
+            for key, total in zip(share.cache_keys, share.tokens):
+                hits = cache.apply([int(key)], [int(total)])[0]
+                host += cache.last_host_hits[0]
+                gpu += hits - cache.last_host_hits[0]
+                tokens += int(total)
+        assert step["tiers"]["computed"] == {"gpu_ratio": gpu / tokens, "host_ratio": host / tokens}, step
+        assert step["tiers"]["measured"][0]["host_ratio"] == 0.5
+    assert result["steps"][0]["tiers"]["computed"]["host_ratio"] > 0
+
+
+def test_behind_each_host_budget_the_gpu_memory_that_meets_the_slo(long_store, tmp_path):
+    """--host-budgets: the GPU search runs behind each host budget; the frontier says what each needs and the
+    answer is the pair with the least GPU memory (a stand-in runs the steps: a host tier lets a smaller GPU pass)."""
+    from hstu_replay.capacity.natural import NaturalPlan, plan_capacity
+    from hstu_replay.capacity.search import Measurement, Slo
+
+    plan = NaturalPlan(str(long_store), str(tmp_path), tmp_path, Slo(100.0, 0.01), 10.0, budgets=(1500, 4000),
+                       max_history=256, host_budgets=(0, 6000))
+    seen = []
+
+    def run(plan_, budget, servers, shard):
+        seen.append((plan_.host_budget_tokens, budget))
+        passes = budget >= (1500 if plan_.host_budget_tokens else 4000)
+        return Measurement(float(budget), requests=40, throughput_rps=10.0, p50_ms=1.0,
+                           p99_ms=50.0 if passes else 500.0, error_ratio=0.0, achieved_ratio=0.5)
+
+    result = plan_capacity(plan, run, say=lambda line: None)
+    assert seen == [(0, 1500), (0, 4000), (6000, 1500)]
+    assert [(f["host_budget_tokens"], f["answer"]["budget_tokens"]) for f in result["frontier"]] == [(0, 4000),
+                                                                                                    (6000, 1500)]
+    assert result["answer"]["budget_tokens"] == 1500 and result["answer"]["host_budget_tokens"] == 6000
+    assert [s["tiers"] is None for s in result["steps"]] == [True, True, False]

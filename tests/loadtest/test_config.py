@@ -58,3 +58,33 @@ def test_every_workload_names_an_existing_option():
     for kind in WORKLOADS.values():
         assert kind.data_option in {o.dest for o in OPTIONS}
         assert kind.data_flag == next(o.flag for o in OPTIONS if o.dest == kind.data_option)
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"tier_mix": "gpu:0.6,host:0.3"}, "--tier-mix 'gpu:0.6,host:0.3': the shares add up to 0.9, not 1"),
+    ({"tier_mix": "gpu:0.5,ssd:0.5"}, "--tier-mix 'gpu:0.5,ssd:0.5': give tier:share pairs"),
+    ({"tier_mix": "gpu:0.6,host:0.3,miss:0.1", "cache_budget_tokens": 5000, "host_budget_tokens": 4000},
+     "host hits need --host-budget-tokens (4000) above --cache-budget-tokens (5000)"),
+    ({"tier_mix": "gpu:0.9,miss:0.1", "host_budget_tokens": 4000}, "host hits and misses need a bounded GPU pool"),
+    ({"tier_mix": "gpu:1", "workload": "dumps", "dump_dir": "d", "cache_budget_tokens": 5000},
+     "only --workload sessions steers"),
+    ({"offload_mode": "lazy"}, "--offload-mode 'lazy': use flexkv or native"),
+    ({"host_budget_tokens": -1}, "--host-budget-tokens -1: use 0 or more tokens"),
+    ({"tier_mix": "gpu:0.6,host:0.4", "cache_budget_tokens": 3000, "host_budget_tokens": 9000, "max_history": 256},
+     "under --offload-mode native a history reaches the host only once it has 1,024 tokens, and the longest sent "
+     "here has 518 (--max-history 256)"),
+])
+def test_bad_tier_options_are_named(tmp_path, given, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.").replace(")", r"\)")):
+        config(**{"workload": "sessions", "store": str(tmp_path), **given})
+
+
+def test_a_tier_mix_and_the_budgets_the_server_says():
+    c = config(workload="sessions", store="s", tier_mix="gpu:0.6,host:0.3,miss:0.1")  # checked once budgets are known
+    assert c.cache.tier_mix.as_dict() == {"gpu": 0.6, "host": 0.3, "miss": 0.1}
+    assert c.report.rules.tier_mix == (("gpu", 0.6), ("host", 0.3), ("miss", 0.1))
+    told = c.with_budgets(3000, 9000)
+    assert (told.cache.budget_tokens, told.cache.host_budget_tokens) == (3000, 9000)
+    assert (told.options["cache_budget_tokens"], told.options["host_budget_tokens"]) == (3000, 9000)
+    with pytest.raises(ConfigError, match="host hits need --host-budget-tokens"):
+        c.with_budgets(3000, 0)

@@ -4,6 +4,11 @@ tokens per user) and writes one JSON line per request it saw.
 
     python -m tests.oracle.server --grpc-port G --http-port H --metrics-port M --log PATH \
         [--cached-tokens] [--budget-tokens N] [--page-tokens P] [--max-values V]
+        [--host-budget-tokens N [--offload-mode flexkv|native]]
+
+With a host budget it keeps two tiers (`TwoTierCache`): the budget above is the GPU pool's, the
+answer adds HOST_CACHED_TOKENS (the part of CACHED_TOKENS onboarded from the host), and a control
+model `hstu_kvcache_control` says both budgets (GPU_BUDGET_TOKENS, HOST_BUDGET_TOKENS).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import IO, Any
 import numpy as np
 
 MODEL_NAME = "hstu_gr_ranking_kvcache"
+CONTROL_MODEL = "hstu_kvcache_control"
 READY = "oracle: ready"
 INPUT_NAMES = ["INPUT__0", "INPUT__1", "INPUT__2", "INPUT__3", "INPUT__4"]
 NUM_FEATURES = 8  # user_id, 5 contextual features, video_id, action_weights
@@ -172,6 +178,55 @@ class OracleCache:
                 used -= self.pages(self.held.pop(k))
 
 
+class TwoTierCache:
+    """A GPU pool and a host pool, each an `OracleCache` with its own budget (NVIDIA's two tiers).
+
+    After a request every user of it sits in the GPU pool with its whole history. The host pool gets
+    the whole history after every forward (`flexkv`), or the completed chunks of 1,024 tokens (`native`).
+    A lookup takes the longer of the two copies; when the host's is longer than the GPU's, all of the
+    reused tokens count as onboarded from the host.
+    """
+
+    CHUNK = 1024
+
+    def __init__(self, gpu_budget_tokens: int, host_budget_tokens: int, page_tokens: int = DEFAULT_PAGE_TOKENS,
+                 offload_mode: str = "flexkv") -> None:
+        if offload_mode not in ("flexkv", "native"):
+            raise ValueError(f"offload mode {offload_mode!r}")
+        self.gpu = OracleCache(gpu_budget_tokens, page_tokens)
+        self.host = OracleCache(host_budget_tokens, page_tokens)
+        self.offload_mode = offload_mode
+        self.last_host_hits: list[int] = []
+
+    @property
+    def held(self) -> dict[int, int]:
+        return self.gpu.held
+
+    def shrinking(self, keys: list[int], totals: list[int]) -> list[str]:
+        return self.gpu.shrinking(keys, totals)
+
+    def apply(self, keys: list[int], totals: list[int]) -> list[int]:
+        hits, host_hits = [], []
+        for k, t in zip(keys, totals):
+            on_gpu = self.gpu.held.get(k, 0)
+            on_host = self.host.held.get(k, 0)
+            if on_host > on_gpu:
+                hits.append(min(on_host, t))
+                host_hits.append(min(on_host, t))
+            else:
+                hits.append(min(on_gpu, t))
+                host_hits.append(0)
+        self.gpu.apply(keys, totals)
+        if self.offload_mode == "flexkv":
+            offloaded = list(totals)
+        else:
+            offloaded = [t - t % self.CHUNK for t in totals]
+        offloaded = [max(o, self.host.held.get(k, 0)) for k, o in zip(keys, offloaded)]
+        self.host.apply(keys, offloaded)
+        self.last_host_hits = host_hits
+        return hits
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Record
 
@@ -184,10 +239,12 @@ class RequestLog:
         self._out: IO[str] = path.open("w")
         self._seq = 0
 
-    def write(self, parsed: ParsedRequest, hits: list[int]) -> None:
+    def write(self, parsed: ParsedRequest, hits: list[int], host_hits: list[int] | None = None) -> None:
         line = {"seq": self._seq, "t": time.time(), "keys": parsed.keys, "users": parsed.users,
                 "totals": parsed.totals, "hits": hits, "candidates": parsed.candidates,
                 "violations": parsed.violations}
+        if host_hits is not None:
+            line["host_hits"] = host_hits
         self._seq += 1
         self._out.write(json.dumps(line) + "\n")
         self._out.flush()
@@ -227,7 +284,7 @@ class OracleError(Exception):
 class Oracle:
     """Parses, checks, accounts and records; one request at a time."""
 
-    def __init__(self, cache: OracleCache, log: RequestLog, max_values: int = MAX_VALUES,
+    def __init__(self, cache: OracleCache | TwoTierCache, log: RequestLog, max_values: int = MAX_VALUES,
                  cached_tokens: bool = False) -> None:
         self.cache = cache
         self.log = log
@@ -249,12 +306,15 @@ class Oracle:
                 self.log.write(parsed, [])
                 raise OracleError(parsed.violations)
             hits = self.cache.apply(parsed.keys, parsed.totals)
-            self.log.write(parsed, hits)
+            host_hits = self.cache.last_host_hits if isinstance(self.cache, TwoTierCache) else None
+            self.log.write(parsed, hits, host_hits)
         b = len(parsed.keys)
         answer = {"OUTPUT__0": np.zeros((sum(parsed.candidates), NUM_TASKS), dtype=np.float32),
                   "OUTPUT__1": np.full(b, -1, dtype=np.int64)}
         if self.cached_tokens:
             answer["CACHED_TOKENS"] = np.asarray(hits, dtype=np.int64)
+            if host_hits is not None:
+                answer["HOST_CACHED_TOKENS"] = np.asarray(host_hits, dtype=np.int64)
         return answer
 
     def infer(self, requests: list) -> list[dict[str, np.ndarray]]:
@@ -272,12 +332,17 @@ def serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     log = RequestLog(Path(args.log))
-    oracle_ = Oracle(OracleCache(args.budget_tokens, args.page_tokens), log, args.max_values, args.cached_tokens)
+    two_tier = args.host_budget_tokens > 0
+    cache = (TwoTierCache(args.budget_tokens, args.host_budget_tokens, args.page_tokens, args.offload_mode)
+             if two_tier else OracleCache(args.budget_tokens, args.page_tokens))
+    oracle_ = Oracle(cache, log, args.max_values, args.cached_tokens)
     inputs = [Tensor(name=name, dtype=np.int64, shape=(-1,)) for name in INPUT_NAMES]
     outputs = [Tensor(name="OUTPUT__0", dtype=np.float32, shape=(-1, NUM_TASKS)),
                Tensor(name="OUTPUT__1", dtype=np.int64, shape=(-1,))]
     if args.cached_tokens:
         outputs.append(Tensor(name="CACHED_TOKENS", dtype=np.int64, shape=(-1,)))
+        if two_tier:
+            outputs.append(Tensor(name="HOST_CACHED_TOKENS", dtype=np.int64, shape=(-1,)))
     config = TritonConfig(http_address="127.0.0.1", http_port=args.http_port, grpc_address="127.0.0.1",
                           grpc_port=args.grpc_port, metrics_address="127.0.0.1", metrics_port=args.metrics_port,
                           exit_on_error=True)
@@ -286,6 +351,13 @@ def serve(args: argparse.Namespace) -> None:
                     security_config=TritonSecurityConfig(restricted_endpoints=PROTECTED_ENDPOINTS)) as triton:
             triton.bind(MODEL_NAME, oracle_.infer, inputs=inputs, outputs=outputs,
                         config=ModelConfig(batching=False))
+            if two_tier:  # the two-tier contract's control model, with its budgets only
+                budgets = {"GPU_BUDGET_TOKENS": args.budget_tokens, "HOST_BUDGET_TOKENS": args.host_budget_tokens}
+                triton.bind(CONTROL_MODEL, lambda requests: [{name: np.array([value], dtype=np.int64)
+                                                              for name, value in budgets.items()} for _ in requests],
+                            inputs=[Tensor(name="CLEAR", dtype=np.int64, shape=(1,))],
+                            outputs=[Tensor(name=name, dtype=np.int64, shape=(1,)) for name in budgets],
+                            config=ModelConfig(batching=False))
             triton.run()
             print(f"{READY} on 127.0.0.1: grpc {args.grpc_port}, http {args.http_port}", flush=True)
             while not stop.wait(0.5):
@@ -305,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-tokens", type=int, default=0, help="cache budget in tokens (0: unbounded)")
     parser.add_argument("--page-tokens", type=int, default=DEFAULT_PAGE_TOKENS)
     parser.add_argument("--max-values", type=int, default=MAX_VALUES)
+    parser.add_argument("--host-budget-tokens", type=int, default=0, help="host pool (0: one tier)")
+    parser.add_argument("--offload-mode", default="flexkv", choices=("flexkv", "native"))
     serve(parser.parse_args(argv))
     return 0
 

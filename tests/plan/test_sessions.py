@@ -83,3 +83,61 @@ def test_batch_8_at_default_limits_fits_max_values(target):
 def test_a_key_names_the_worker_and_user_that_made_it():
     keys = KeyAllocator(3, 17)
     assert {key_owner(keys.new_key()) for _ in range(5)} == {(3, 17)}
+
+
+def steered_mix(store_path, mix, batch: int, gpu: int, host: int, steps: int, target: float = 0.5,
+                sources: int = 1):
+    """Replay steered sources as Locust users do (the model predicts each request as it is sent), and
+    count the tier each measured user met in the oracle's separately written two-tier cache."""
+    from hstu_replay.plan.cache_model import CacheModel
+    from hstu_replay.plan.sessions import TierSteering
+    from hstu_replay.plan.tier_mix import TierMix
+    from tests.oracle.server import TwoTierCache
+
+    store = SequenceStore.open(store_path)
+    model = CacheModel(gpu, 32, host)
+    oracle = TwoTierCache(gpu, host, 32)
+    dealer = Dealer(usable_users(store, 16))
+    steering = TierSteering(TierMix.parse(mix), model)
+    users = [SessionSource(store, dealer, KeyAllocator(0, i, nonce=3), 16, Limits(max_history=64), steering)
+             for i in range(sources)]
+    counts = {"gpu": 0, "host": 0, "miss": 0}
+    ratios = []
+    for i in range(steps):
+        source = users[i % sources]
+        step = source.next_step(target, batch)
+        for request in (step.prime, step.request):
+            if request is None:
+                continue
+            predicted = model.predict_tiers(request)
+            keys, totals = request.user_ids.tolist(), request.total_history_lengths.tolist()
+            hits = oracle.apply(keys, totals)
+            assert predicted.hits == tuple(hits) and predicted.host == tuple(oracle.last_host_hits)
+        if i >= steps // 2:  # the first half warms the working set up
+            for hit, onboarded, total in zip(hits, oracle.last_host_hits, totals):
+                counts["host" if onboarded else "gpu" if hit else "miss"] += 1
+                if hit:
+                    ratios.append(hit / total)
+        model.retire(source.settle(step, True))
+    n = sum(counts.values())
+    return {k: v / n for k, v in counts.items()}, ratios
+
+
+@pytest.mark.parametrize("mix, batch, sources, target", [
+    ("gpu:0.6,host:0.3,miss:0.1", 1, 1, 0.5), ("gpu:0.6,host:0.3,miss:0.1", 4, 3, 0.5),
+    ("gpu:0.2,host:0.7,miss:0.1", 2, 2, 0.8), ("host:0.9,miss:0.1", 1, 1, 0.9)])
+def test_a_steered_replay_meets_its_tier_mix_in_the_oracle_cache(long_store, mix, batch, sources, target):
+    from hstu_replay.plan.tier_mix import TierMix
+
+    achieved, ratios = steered_mix(long_store, mix, batch, gpu=3000, host=9000, steps=1200, target=target,
+                                   sources=sources)
+    wanted = TierMix.parse(mix).as_dict()
+    assert max(abs(achieved[t] - wanted[t]) for t in wanted) <= 0.02, achieved
+    assert abs(sum(ratios) / len(ratios) - target) < 0.02  # hits reuse the stage's ratio of their history
+
+
+def test_host_hits_need_fresh_keys_a_mix_of_host_alone_falls_short(long_store):
+    """Each fresh key (a GPU hit or a miss) can take a few host hits before it reaches the history limit
+    (at 0.5 its history doubles per hit): without enough of them the host share falls short, into misses."""
+    achieved, _ = steered_mix(long_store, "host:1", 1, gpu=3000, host=9000, steps=1200, target=0.5)
+    assert achieved["host"] < 0.9 and achieved["gpu"] == 0.0

@@ -79,3 +79,35 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, long_store):
         proc = _cli("plan", "cache-curve", *args)
         assert proc.returncode == 2, proc
         assert words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_the_two_tier_grid_of_a_store_matches_its_replay_through_a_plain_two_tier_cache(long_store, tmp_path):
+    from tests.oracle.server import TwoTierCache
+
+    proc = _cli("plan", "cache-curve", "--store", str(long_store), "--max-history", "256",
+                "--budgets", "2000,5000", "--host-budgets", "3000,12000", "--offload-mode", "flexkv",
+                "--out", str(tmp_path / "curve"))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "curve" / "curve.json").read_text())
+    grid = summary["tiers"]["grid"]
+    assert [(p["gpu_budget_tokens"], p["host_budget_tokens"]) for p in grid] == [
+        (2000, 3000), (2000, 12000), (5000, 3000), (5000, 12000)]
+    assert len(list(csv.DictReader((tmp_path / "curve" / "curve_tiers.csv").open()))) == 4
+    trace = build_trace(SequenceStore.open(long_store), 16, Limits(max_history=256), 1)
+    total = int(trace.tokens.sum())
+    for p in grid:
+        cache = TwoTierCache(p["gpu_budget_tokens"], p["host_budget_tokens"], 32)
+        hits = host = 0
+        for u, t in zip(trace.cache_keys, trace.tokens):
+            hits += cache.apply([int(u)], [int(t)])[0]
+            host += cache.last_host_hits[0]
+        assert (p["gpu_ratio"], p["host_ratio"]) == ((hits - host) / total, host / total), p
+        assert f"gpu {p['gpu_budget_tokens']:>12,} host {p['host_budget_tokens']:>12,} tokens: gpu hit " \
+               f"{p['gpu_ratio']:.4f} host hit {p['host_ratio']:.4f}" in proc.stdout
+    assert grid[1]["host_ratio"] > 0 and grid[0]["host_ratio"] >= 0  # a host tier above the GPU's adds hits
+
+
+def test_host_budgets_need_the_gpu_budgets_of_the_grid(long_store):
+    proc = _cli("plan", "cache-curve", "--store", str(long_store), "--host-budgets", "3000")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "hstu-replay: error: --host-budgets '3000': give the GPU budgets of the grid with --budgets"]

@@ -1,0 +1,121 @@
+"""The client's model of a two-tier KV cache, NVIDIA's rules: a GPU pool and a host pool behind it.
+
+Both pools are LRU ledgers of whole users in pages (`CacheLedger`), each with its own budget.
+After a request every user of it holds its total_history_length on the GPU (whatever it found,
+its sequence is now resident there). What reaches the host depends on the offload mode:
+
+- `flexkv` (FlexKV): every user of a request is offloaded after its forward pass, so the host
+  holds the whole sequence too;
+- `native` (NVIDIA's native host storage): a user is offloaded in whole chunks of 1,024 tokens,
+  once a chunk is complete; the host holds the completed chunks.
+
+A request's lookup merges the tiers: GPU-only and host-only hits as they are; both: the longer
+one, with no gap (histories start at 0 here, so the merged length is max(host, GPU)). A host
+copy longer than the GPU's onboards the whole sequence: those tokens are host hits
+(`HOST_CACHED_TOKENS`), the rest of the reuse is a GPU hit. A user evicted from both is
+recomputed: a miss. A host pool of 0 tokens is no host tier: the model is the one-tier ledger.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from hstu_replay.cache_ledger import CacheLedger
+
+#: NVIDIA's native host storage offloads once this many tokens are not yet offloaded (offload_chunksize).
+OFFLOAD_CHUNK_TOKENS = 1024
+
+
+class Tier(enum.Enum):
+    """Where a user's reused tokens came from."""
+
+    GPU = "gpu"
+    HOST = "host"
+    MISS = "miss"  # nothing reused: recomputed
+
+
+def offload_after_forward(tokens: int) -> int:
+    return tokens
+
+
+def offload_whole_chunks(tokens: int) -> int:
+    return tokens - tokens % OFFLOAD_CHUNK_TOKENS
+
+
+#: --offload-mode name -> tokens the host holds once a user's history is `tokens` long
+OFFLOAD_MODES: dict[str, Callable[[int], int]] = {
+    "flexkv": offload_after_forward,
+    "native": offload_whole_chunks,
+}
+
+
+@dataclass(frozen=True)
+class TierHits:
+    """Tokens reused per user of a request: all of them (`hits`) and the part onboarded from the host."""
+
+    hits: tuple[int, ...]
+    host: tuple[int, ...]
+
+    @property
+    def gpu(self) -> tuple[int, ...]:
+        return tuple(h - o for h, o in zip(self.hits, self.host))
+
+    def tiers(self) -> tuple[Tier, ...]:
+        return tuple(tier_of(h, o) for h, o in zip(self.hits, self.host))
+
+
+def tier_of(hits: int, host: int) -> Tier:
+    """The tier of one user's reuse: host if anything was onboarded, GPU if it reused anything else."""
+    return Tier.HOST if host > 0 else Tier.GPU if hits > 0 else Tier.MISS
+
+
+class TierModel:
+    """GPU pool + host pool, NVIDIA's lookup, onboard and offload rules."""
+
+    def __init__(self, gpu_budget_tokens: int | None, host_budget_tokens: int = 0, page_tokens: int = 32,
+                 offload_mode: str = "flexkv"):
+        self.gpu = CacheLedger(gpu_budget_tokens, page_tokens)
+        self.host = CacheLedger(host_budget_tokens, page_tokens) if host_budget_tokens > 0 else None
+        self.offloaded = OFFLOAD_MODES[offload_mode]
+
+    def lookup(self, key: int, tokens: int) -> tuple[int, int]:
+        """(tokens reused, of which onboarded from the host) for a user of `tokens` history tokens."""
+        on_gpu = self.gpu.held(key)
+        on_host = self.host.held(key) if self.host is not None else 0
+        if on_host > on_gpu:  # the whole sequence comes from the host
+            hit = min(on_host, tokens)
+            return hit, hit
+        return min(on_gpu, tokens), 0
+
+    def where(self, key: int) -> Tier:
+        """Where `key` would hit now (MISS: held by neither pool)."""
+        hit, host = self.lookup(key, 1 << 62)
+        return tier_of(hit, host)
+
+    def held(self, key: int) -> int:
+        return self.lookup(key, 1 << 62)[0]
+
+    def serve(self, request: Sequence[tuple[int, int]]) -> TierHits:
+        """Account one request of (key, total_history_length) pairs."""
+        self.gpu.check(request)
+        found = [self.lookup(k, t) for k, t in request]
+        self.gpu.serve(request)
+        if self.host is not None:
+            self.host.serve([(k, max(self.offloaded(t), self.host.held(k))) for k, t in request])
+        return TierHits(tuple(h for h, _ in found), tuple(o for _, o in found))
+
+    def forget(self, key: int) -> None:
+        self.gpu.forget(key)
+        if self.host is not None:
+            self.host.forget(key)
+
+    def clear(self) -> None:
+        self.gpu.clear()
+        if self.host is not None:
+            self.host.clear()
+
+    @property
+    def bounded(self) -> bool:
+        return self.gpu.budget_pages is not None

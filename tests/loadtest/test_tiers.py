@@ -1,0 +1,110 @@
+"""Two cache tiers under real Locust runs against the oracle server's two-tier variant: the tier mix
+a run is steered to is met (within 0.02 of the target, by the oracle's own account), and what the
+report says of each tier equals what the oracle saw (within 0.005), with and without the server's
+HOST_CACHED_TOKENS."""
+
+from __future__ import annotations
+
+import pytest
+
+from hstu_replay.loadtest.records import read_records
+from tests.conftest import run_locust
+from tests.loadtest.test_truth import seen_since
+
+pytestmark = pytest.mark.integration
+
+GPU, HOST = 3000, 9000
+MIX = {"gpu": 0.6, "host": 0.3, "miss": 0.1}
+
+
+def oracle_tiers(records: list[dict], seen: list[dict]) -> dict[str, dict]:
+    """Per stage, from the oracle's record of the run's measured requests: users by tier, and hit
+    tokens per tier over the history tokens."""
+    by_keys: dict[tuple, list[dict]] = {}
+    for entry in seen:
+        by_keys.setdefault(tuple(entry["keys"]), []).append(entry)
+    cursor: dict[tuple, int] = {}
+    stages: dict[str, dict] = {}
+    for record in sorted((r for r in records if r["ok"]), key=lambda r: r["t"]):
+        keys = tuple(record["keys"])
+        entry = by_keys[keys][cursor.get(keys, 0)]
+        cursor[keys] = cursor.get(keys, 0) + 1
+        if record["kind"] != "measure":
+            continue
+        s = stages.setdefault(record["stage"], {"gpu": 0, "host": 0, "miss": 0, "gpu_hits": 0, "host_hits": 0,
+                                                "tokens": 0})
+        for hit, onboarded, total in zip(entry["hits"], entry["host_hits"], entry["totals"]):
+            s["host" if onboarded else "gpu" if hit else "miss"] += 1
+            s["gpu_hits"] += hit - onboarded
+            s["host_hits"] += onboarded
+            s["tokens"] += total
+    return stages
+
+
+@pytest.mark.parametrize("host_report", [True, False], ids=["host-cached-tokens", "no-tier-report"])
+def test_a_run_steered_to_a_tier_mix_meets_it_and_reports_what_the_oracle_saw(oracle_servers, sample_store,
+                                                                              tmp_path, host_report):
+    oracle = oracle_servers(cached_tokens=host_report, budget_tokens=GPU, host_budget_tokens=HOST)
+    start = len(oracle.records())
+    # with the server's tier report the budgets are given; without it they are read from its control model
+    budgets = ("--cache-budget-tokens", str(GPU), "--host-budget-tokens", str(HOST)) if host_report else ()
+    result = run_locust(tmp_path, "-u", "2", "-r", "2", "--triton-url", oracle.grpc_url, "--workload", "sessions",
+                        "--store", str(sample_store), "--hit-ratios", "0.8", "--batch-sizes", "1,4",
+                        "--stage-seconds", "5", "--warmup-seconds", "2", "--max-history", "256",
+                        "--verify-fraction", "0", *budgets, "--tier-mix", "gpu:0.6,host:0.3,miss:0.1",
+                        "--offload-mode", "flexkv")
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = "the server's control model gives its pools: GPU 3,000 tokens, host 9,000 tokens"
+    assert (said in result.stderr) != host_report, result.stderr[-2000:]
+    options = result.report["run"]["options"]
+    assert (options["cache_budget_tokens"], options["host_budget_tokens"]) == (GPU, HOST)
+    seen = seen_since(oracle, start)
+    assert not [e for e in seen if e["violations"]]
+    view = oracle_tiers(read_records(tmp_path), seen)
+    assert "cache tiers" in result.stdout and "mix gpu" in result.stdout
+    for stage in result.report["stages"]:
+        tiers, o = stage["tiers"], view[stage["name"]]
+        users = o["gpu"] + o["host"] + o["miss"]
+        assert users >= 60, (stage["name"], users)
+        assert tiers["source"] == ("observed" if host_report else "predicted")
+        assert tiers["target_mix"] == MIX
+        for tier, share in MIX.items():
+            assert abs(o[tier] / users - share) <= 0.02, (stage["name"], tier, o)  # met, by the oracle's count
+            assert abs(tiers["mix"][tier] - o[tier] / users) <= 0.005, (stage["name"], tier, tiers, o)
+        assert abs(tiers["gpu_ratio"] - o["gpu_hits"] / o["tokens"]) <= 0.005, (tiers, o)
+        assert abs(tiers["host_ratio"] - o["host_hits"] / o["tokens"]) <= 0.005, (tiers, o)
+        assert not [f for f in stage["flags"] if f["flag"] == "off-target"], stage["flags"]
+        print(f"{stage['name']}: mix reported {tiers['mix']} oracle "
+              f"{ {t: round(o[t] / users, 4) for t in MIX} } over {users} users; gpu hit ratio "
+              f"{tiers['gpu_ratio']:.4f} host {tiers['host_ratio']:.4f} ({tiers['source']})")
+    assert (tmp_path / "report.html").read_text().count("Cache tiers: GPU hit, host hit, miss") == 1
+
+
+def test_the_client_model_predicts_every_request_of_the_reference_targets_two_tiers(compiled_repository,
+                                                                                   sample_store, tmp_path):
+    """Against the reference target with a host tier (budgets read from its control model) the run
+    steered to a mix meets it by the server's own HOST_CACHED_TOKENS, and the client's model predicted
+    every request's hits as the server reported them."""
+    from tests.conftest import start_server, stop_server
+
+    server = start_server(compiled_repository, tmp_path / "server.log", "--engine", "batched",
+                          "--cache-budget-tokens", str(GPU), "--host-budget-tokens", str(HOST),
+                          "--offload-mode", "flexkv", "--threads", "1")
+    try:
+        result = run_locust(tmp_path / "run", "-u", "2", "-r", "2", "--triton-url", server.grpc_url,
+                            "--workload", "sessions", "--store", str(sample_store), "--hit-ratios", "0.8",
+                            "--batch-sizes", "1,4", "--stage-seconds", "6", "--warmup-seconds", "3",
+                            "--max-history", "256", "--tier-mix", "gpu:0.6,host:0.3,miss:0.1",
+                            "--offload-mode", "flexkv")
+    finally:
+        stop_server(server)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "the server's control model gives its pools" in result.stderr
+    assert result.report["run"]["reports_tiers"] is True
+    for stage in result.report["stages"]:
+        tiers = stage["tiers"]
+        assert tiers["source"] == "observed" and stage["hit_disagreements"] == 0, stage
+        assert tiers["observed"]["users"] == tiers["predicted"]["users"], tiers
+        assert tiers["mix_distance"] <= 0.02 and sum(tiers["observed"]["users"].values()) >= 60, tiers
+        print(f"{stage['name']}: reference target mix {tiers['mix']} (observed; model agreed on every request), "
+              f"gpu hit ratio {tiers['gpu_ratio']:.4f} host {tiers['host_ratio']:.4f}")
