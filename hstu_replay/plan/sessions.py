@@ -72,6 +72,9 @@ class SessionSource:
         self.candidates = candidates
         self._slots: list[_Slot] = []
         self._retired: list[int] = []  # keys never to be sent again, handed out by `settle`
+        # the last measured request built: (key and history length of each slot), the request, its label.
+        # At a hit ratio of 1.0 a warm key is sent again as it was, so the same request is sent again.
+        self._last: tuple[tuple, object, str] = ((), None, "")
 
     @property
     def exhausted(self) -> bool:
@@ -84,19 +87,24 @@ class SessionSource:
             self._next_user(slot)
             self._slots.append(slot)
         slots = tuple(self._slots[:batch_size])
-        primes, measured, hits, labels = [], [], [], []
+        primes, planned, hits = [], [], []
         for slot in slots:
-            prime, request, hit = self._plan_slot(slot, target, cap)
+            prime, items, hit = self._plan_slot(slot, target, cap)
             if prime is not None:
                 primes.append(prime)
-            measured.append(request)
+            planned.append((slot.key, items))
             hits.append(hit)
-            labels.append(f"user {request.user_id} key {request.key} items {request.history_length}")
+        planned = tuple(planned)
+        if primes or planned != self._last[0]:  # a key and its length name the request: same ones, same request
+            measured = [self._user_request(slot, items, self.candidates) for slot, (_, items) in zip(slots, planned)]
+            label = "; ".join(f"user {u.user_id} key {u.key} items {items}" for u, (_, items) in zip(measured, planned))
+            self._last = (planned, build_request(measured, self.limits), label)
+        _, request, label = self._last
         return PlannedStep(
-            request=build_request(measured, self.limits),
+            request=request,
             expected_hits=tuple(hits),
             prime=build_request(primes, self.limits) if primes else None,
-            label="; ".join(labels),
+            label=label,
             goal_ratio=target,
             handles=slots,
         )
@@ -141,7 +149,8 @@ class SessionSource:
         end = int(bounds[i]) if i < len(bounds) else slot.history.events
         return min(max(end, after + 1), self._available(slot, cap))
 
-    def _plan_slot(self, slot: _Slot, target: float, cap: int) -> tuple[UserRequest | None, UserRequest, int]:
+    def _plan_slot(self, slot: _Slot, target: float, cap: int) -> tuple[UserRequest | None, int, int]:
+        """The slot's prime (if its key is fresh and needs one), its history length, its expected hits."""
         available = self._available(slot, cap)
         held = history_tokens(slot.sent) if slot.key is not None else 0
         items = warm_items(target, held, slot.sent, available) if slot.key is not None else None
@@ -157,9 +166,8 @@ class SessionSource:
             if prefix is not None:
                 prime = self._user_request(slot, prefix, 1)
             held = history_tokens(prefix) if prefix is not None else 0
-        request = self._user_request(slot, items, self.candidates)
         slot.sent = items
-        return prime, request, held
+        return prime, items, held
 
     def _user_request(self, slot: _Slot, items: int, candidates: int) -> UserRequest:
         history = slot.history
