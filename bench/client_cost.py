@@ -305,7 +305,7 @@ def main() -> int:
     args = parser.parse_args()
     args.protocols = args.protocols.split(",")
     try:
-        args.cases = _cases(args.cases)
+        args.cases = parse_cases(args.cases)
     except ValueError as exc:
         parser.error(str(exc))
     skip = set(filter(None, args.skip.split(",")))
@@ -360,7 +360,7 @@ def main() -> int:
     return 0
 
 
-def _cases(text: str) -> list[str]:
+def parse_cases(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in CASES]
     if unknown or not names:

@@ -20,9 +20,9 @@ SHAPE = Shape(4, 64, 16)
 
 
 def test_cases_are_named_and_an_unknown_one_exits_2_before_any_load():
-    assert client_cost._cases("sessions 0, dumps verified") == ["sessions 0", "dumps verified"]
+    assert client_cost.parse_cases("sessions 0, dumps verified") == ["sessions 0", "dumps verified"]
     with pytest.raises(ValueError, match="'nope'"):
-        client_cost._cases("dumps,nope")
+        client_cost.parse_cases("dumps,nope")
     done = subprocess.run([sys.executable, "-m", "bench.client_cost", "--cases", "nope"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--cases 'nope'" in done.stderr
