@@ -1,18 +1,24 @@
 """The load generator's own cost against perf_analyzer's, in one run: CPU per request, latency floor, rate per core.
 
-    python -m bench.client_cost                         # everything, about 8 minutes
-    python -m bench.client_cost --seconds 6 --rounds 1  # quicker, noisier
+    python -m bench.client_cost                         # everything, about 40 minutes
+    python -m bench.client_cost --seconds 8 --rounds 1 --skip floor,rate,transport   # section 1 only
+    python -m bench.client_cost --cases "sessions 0,dumps" --shapes 2048 --protocols grpc
 
 A do-nothing PyTriton model with the KV-cache interface runs in a child process, so server
-compute hides nothing. Every client reads the same requests: NVIDIA-format dumps of the shape
-(reference logits all zero, which is what the model answers) for ours, the same batches as a
-perf_analyzer `--input-data` trace for perf_analyzer 2.51 (from the tritonclient 2.51.0 wheel).
+compute hides nothing. Both clients read the same requests: for dumps, NVIDIA-format dumps of the
+shape (reference logits all zero, which is what the model answers); for sessions and timeline, a
+prepared store (`--store`, default a synthetic one of 1,000 users made once). perf_analyzer 2.51
+(from the tritonclient 2.51.0 wheel) replays each workload's requests as our planner makes them,
+primes included in send order, as an `--input-data` trace (`plan.perf_analyzer`).
 
-1. CPU per request, one request in flight, per shape and protocol: perf_analyzer, then our
-   Locust worker (the real `locust -f locustfiles/hstu.py`, dump replay at hit ratio 0,
-   verification off), then the same with every response verified; `--rounds` times in turn so
-   that drift on this shared machine hits every client alike. Each reading is a steady window
-   (harness.measure): /proc CPU of the client process, requests counted by the server.
+1. CPU per request, one request in flight, per shape, protocol and workload (`--cases`): dumps
+   (verification off, and every response verified), sessions at hit ratios 0, 0.5 and 1.0 and the
+   natural replay (timeline, visits of 10 minutes of log time per request); each beside
+   perf_analyzer replaying the same requests, `--rounds` times in turn so that drift on this
+   shared machine hits every client alike. Our side is the real `locust -f locustfiles/hstu.py`.
+   Each reading is a steady window (harness.measure): /proc CPU of the client process, requests
+   counted by the server (priming requests count: the server computes them); the share of primes
+   among them is read from our report and shown beside.
 2. Latency floor: batch 1 x (1 + 1) requests; perf_analyzer's p50 over its stable windows
    against our Locust report's p50 for the stage, same server, each protocol.
 3. Requests per second of one worker core: `--users` users against the model with as many
@@ -45,59 +51,133 @@ FLOOR = Shape(1, 1, 1)
 MODEL = KVCACHE.model_name
 
 
+@dataclass(frozen=True)
+class Case:
+    """One workload as both clients send it: our worker's arguments, and the same requests
+    (primes included, in send order) as perf_analyzer's trace."""
+
+    name: str
+    workload: str  # plan.workloads name
+    ratio: float = 0.0
+    verify: bool = False  # our worker checks every response (dumps: against their references)
+
+    @property
+    def trace_name(self) -> str:  # verification changes our side only: one trace, one perf_analyzer reading
+        return f"{self.workload}-{self.ratio:g}"
+
+
+CASES = {c.name: c for c in (
+    Case("dumps", "dumps"),
+    Case("dumps verified", "dumps", verify=True),
+    Case("sessions 0", "sessions", 0.0),
+    Case("sessions 0.5", "sessions", 0.5),
+    Case("sessions 1.0", "sessions", 1.0),
+    Case("timeline", "timeline"),
+)}
+TRACE_REQUESTS = {"dumps": 0, "sessions": 300, "timeline": 2000}  # measured requests of a trace (dumps: all 16)
+TIME_SLICE_MS = 600_000  # timeline: visits of ten minutes of log time share a request (up to the batch)
+
+
 @dataclass
 class Reading:
     shape: Shape
     protocol: str
-    client: str
+    case: str
+    client: str  # PERF_ANALYZER or OURS
     round: int
     window: Window
+    primes: float | None = None  # our worker: priming requests per request the server counted
 
 
-def clients(shape: Shape, protocol: str, url: str, dumps: Path, trace: Path, seconds: float) -> dict[str, list[str]]:
-    """The three clients of section 1, by name."""
-    ours = harness.replay_command(url, protocol, dumps, OUT / "report", seconds + 20, max_values=shape.values)
-    return {
-        "perf_analyzer 2.51": harness.perf_analyzer_command(url, protocol, MODEL, trace),
-        "Locust worker, verify off": ours + ["--verify-fraction", "0"],
-        "Locust worker, verify all": ours + ["--verify-fraction", "1"],
-    }
+PERF_ANALYZER, OURS = "perf_analyzer 2.51", "Locust worker"
 
 
-def cpu_per_request(server, shape: Shape, protocol: str, args, pa_env) -> list[Reading]:
+def data_arguments(case: Case, shape: Shape, dumps: Path, store: Path) -> list[str]:
+    """The worker's --workload arguments for `case` at `shape`."""
+    if case.workload == "dumps":
+        return ["--workload", "dumps", "--dump-dir", str(dumps), "--hit-ratios", "0"]
+    limits = ["--store", str(store), "--max-history", str(shape.history), "--candidates", str(shape.candidates)]
+    if case.workload == "timeline":
+        return ["--workload", "timeline", *limits, "--time-slice-ms", str(TIME_SLICE_MS)]
+    return ["--workload", "sessions", *limits, "--hit-ratios", f"{case.ratio:g}"]
+
+
+def case_trace(case: Case, shape: Shape, folder: Path, dump_requests: list, store: Path) -> Path:
+    if case.workload == "dumps":
+        return harness.perf_analyzer_trace(dump_requests, KVCACHE, folder / "trace.json")
+    from hstu_replay.interface import Limits
+    from hstu_replay.plan.workloads import WorkloadOptions
+
+    options = WorkloadOptions(str(store), shape.candidates, Limits(max_history=shape.history, max_values=shape.values),
+                              slice_ms=TIME_SLICE_MS if case.workload == "timeline" else 0)
+    return harness.workload_trace(case.workload, options, case.ratio, shape.batch, TRACE_REQUESTS[case.workload],
+                                  KVCACHE, folder / f"trace-{case.trace_name}.json")
+
+
+def prime_share(report: Path) -> float | None:
+    """Priming requests per request the server counted, from the worker's report (written at its stop)."""
+    try:
+        b = harness.report_bin(report)
+        return b["prime_requests"] / b["server_requests"] if b["server_requests"] else None
+    except (OSError, ValueError, KeyError, SystemExit):
+        return None
+
+
+def cpu_per_request(server, shape: Shape, protocol: str, args, pa_env, store: Path) -> list[Reading]:
     folder = OUT / f"{shape.history}x{shape.candidates}"
-    requests = harness.shape_dumps(shape, folder / "dumps")
-    trace = harness.perf_analyzer_trace(requests, KVCACHE, folder / "trace.json")
+    dumps = folder / "dumps"
+    dump_requests = harness.shape_dumps(shape, dumps)
+    cases = [CASES[name] for name in args.cases]
+    traces = {c.trace_name: case_trace(c, shape, folder, dump_requests, store) for c in cases}
+    url = server.url_for(protocol)
     readings = []
     for r in range(args.rounds):
-        for name, command in clients(shape, protocol, server.url_for(protocol), folder / "dumps", trace,
-                                     args.seconds).items():
-            env = pa_env if name.startswith("perf_analyzer") else None
-            window = harness.measure(command, server, MODEL, OUT / "client.log", args.seconds, env=env)
-            readings.append(Reading(shape, protocol, name, r, window))
-            print(f"  {shape.name} {protocol:4s} round {r + 1}: {name:28s} {window.cpu_ms:.3f} ms/request, "
-                  f"{window.rps:,.0f} req/s, {window.faults:.1f} faults/request (load {harness.machine_load()})",
-                  flush=True)
+        theirs: dict[str, Window] = {}
+        for case in cases:
+            if case.trace_name not in theirs:
+                command = harness.perf_analyzer_command(url, protocol, MODEL, traces[case.trace_name])
+                theirs[case.trace_name] = harness.measure(command, server, MODEL, OUT / "client.log", args.seconds,
+                                                          env=pa_env)
+                readings.append(Reading(shape, protocol, case.trace_name, PERF_ANALYZER, r, theirs[case.trace_name]))
+            report = OUT / "report"
+            ours = harness.workload_command(url, protocol, data_arguments(case, shape, dumps, store), report,
+                                            args.seconds + 20, "--verify-fraction", "1" if case.verify else "0",
+                                            max_values=shape.values)
+            window = harness.measure(ours, server, MODEL, OUT / "client.log", args.seconds)
+            readings.append(Reading(shape, protocol, case.name, OURS, r, window, prime_share(report)))
+            pa = theirs[case.trace_name]
+            print(f"  {shape.name} {protocol:4s} round {r + 1}: {case.name:18s} ours {window.cpu_ms:.3f} ms/request "
+                  f"({window.rps:,.0f} req/s), perf_analyzer {pa.cpu_ms:.3f} ({pa.rps:,.0f} req/s): "
+                  f"{window.cpu_ms / pa.cpu_ms:.2f}x (load {harness.machine_load()})", flush=True)
     return readings
 
 
 def cpu_table(readings: list[Reading]) -> str:
+    """One row per case: our worker beside perf_analyzer on the same requests, the ratio per round."""
     rows = []
-    groups: dict[tuple, list[Reading]] = {}
+    ours: dict[tuple, list[Reading]] = {}
     for r in readings:
-        groups.setdefault((r.shape, r.protocol, r.client), []).append(r)
-    for (shape, protocol, client), group in groups.items():
-        reference = {r.round: r.window.cpu_ms for r in readings
-                     if (r.shape, r.protocol) == (shape, protocol) and r.client.startswith("perf_analyzer")}
-        ratios = [r.window.cpu_ms / reference[r.round] for r in group]
-        rows.append([shape.name, protocol, client, statistics.median(r.window.rps for r in group),
+        if r.client == OURS:
+            ours.setdefault((r.shape, r.protocol, r.case), []).append(r)
+    for (shape, protocol, name), group in ours.items():
+        trace = CASES[name].trace_name
+        reference = {r.round: r.window for r in readings if (r.shape, r.protocol, r.case, r.client)
+                     == (shape, protocol, trace, PERF_ANALYZER)}
+        ratios = [r.window.cpu_ms / reference[r.round].cpu_ms for r in group]
+        primes = [r.primes for r in group if r.primes is not None]
+        rows.append([shape.name, protocol, name,
+                     f"{statistics.median(primes):.2f}" if primes else "?",
+                     statistics.median(reference[r.round].rps for r in group),
+                     statistics.median(reference[r.round].cpu_ms for r in group),
+                     statistics.median(r.window.rps for r in group),
                      statistics.median(r.window.cpu_ms for r in group),
                      statistics.median(r.window.system_ms for r in group),
                      statistics.median(r.window.faults for r in group),
                      f"{statistics.median(ratios):.2f}x" + (f" ({', '.join(f'{x:.2f}' for x in ratios)})"
                                                              if len(ratios) > 1 else "")])
-    return harness.table(["shape", "protocol", "client", "req/s", "CPU ms/request", "of which system",
-                          "faults/request", "to perf_analyzer"], rows)
+    return harness.table(["shape", "protocol", "workload", "primes/request", "perf_analyzer req/s",
+                          "perf_analyzer CPU ms/request", "ours req/s", "ours CPU ms/request", "of which system",
+                          "ours faults/request", "ours to perf_analyzer"], rows)
 
 
 def perf_analyzer_p50_ms(output: str) -> float:
@@ -218,8 +298,16 @@ def main() -> int:
     parser.add_argument("--floor-seconds", type=float, default=10.0, help="our measured stage for the floor")
     parser.add_argument("--users", type=int, default=4, help="users (and model instances) for the rate per core")
     parser.add_argument("--skip", default="", help="sections to leave out: cpu,floor,rate,transport")
+    parser.add_argument("--cases", default=",".join(CASES), help="workloads of section 1, of: " + ", ".join(CASES)
+                        + " (default all)")
+    parser.add_argument("--store", default="", help="prepared store for sessions and timeline (default: a synthetic "
+                        "one, made once under runs/client-cost)")
     args = parser.parse_args()
     args.protocols = args.protocols.split(",")
+    try:
+        args.cases = parse_cases(args.cases)
+    except ValueError as exc:
+        parser.error(str(exc))
     skip = set(filter(None, args.skip.split(",")))
     OUT.mkdir(parents=True, exist_ok=True)
     try:
@@ -227,6 +315,7 @@ def main() -> int:
     except harness.Unavailable as exc:
         print(f"perf_analyzer unavailable: {exc}", file=sys.stderr)
         return 2
+    store = Path(args.store) if args.store else harness.synthetic_store(OUT / "store")
     load_before = harness.machine_load()
     server = harness.start_null(KVCACHE, OUT / "server.log")
     readings, floors, loops = [], [], []
@@ -237,7 +326,7 @@ def main() -> int:
         if "cpu" not in skip:
             for key in args.shapes.split(","):
                 for protocol in args.protocols:
-                    readings += cpu_per_request(server, SHAPES[key], protocol, args, pa_env)
+                    readings += cpu_per_request(server, SHAPES[key], protocol, args, pa_env, store)
         if "floor" not in skip:
             floors = [latency_floor(server, protocol, args, pa_env) for protocol in args.protocols]
     except harness.Unavailable as exc:
@@ -252,7 +341,8 @@ def main() -> int:
         print(harness.table(["shape", "protocol", "transport", "req/s", "CPU ms/request", "faults/request"], loops))
         print()
     if readings:
-        print("CPU per request (median over rounds; ratio per round in brackets):\n")
+        print("CPU per request, each workload beside perf_analyzer replaying the same requests (primes included; "
+              "median over rounds, ratio per round in brackets):\n")
         print(cpu_table(readings))
         print()
     if floors:
@@ -268,6 +358,14 @@ def main() -> int:
     print(f"perf_analyzer: {' '.join(harness.perf_analyzer_command('URL', 'PROTOCOL', MODEL, Path('TRACE')))}")
     print(f"load average before: {load_before}; after: {harness.machine_load()}")
     return 0
+
+
+def parse_cases(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in CASES]
+    if unknown or not names:
+        raise ValueError(f"--cases {text!r}: {', '.join(map(repr, unknown)) or 'none given'}; use of: {', '.join(CASES)}")
+    return names
 
 
 if __name__ == "__main__":

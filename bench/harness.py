@@ -172,10 +172,17 @@ def stop(process: subprocess.Popen, sig: int = signal.SIGINT, timeout_s: float =
 def replay_command(url: str, protocol: str, dump_dir: Path, report_dir: Path, seconds: float,
                    *extra: str, users: int = 1, batch: int = 8, max_values: int = 70_000) -> list[str]:
     """The product path: `locust -f locustfiles/hstu.py` headless, replaying dumps at hit ratio 0."""
+    return workload_command(url, protocol, ("--workload", "dumps", "--dump-dir", str(dump_dir), "--hit-ratios", "0"),
+                            report_dir, seconds, *extra, users=users, batch=batch, max_values=max_values)
+
+
+def workload_command(url: str, protocol: str, workload: Sequence[str], report_dir: Path, seconds: float,
+                     *extra: str, users: int = 1, batch: int = 8, max_values: int = 70_000) -> list[str]:
+    """`locust -f locustfiles/hstu.py` headless, one stage of `seconds` of the `workload` arguments
+    (--workload and its data, hit ratios)."""
     return locust_command("--headless", "-u", str(users), "-r", str(users),
                           "-t", f"{int(seconds) + 30}s", "--stage-seconds", str(seconds), "--warmup-seconds", "1",
-                          "--workload", "dumps", "--dump-dir", str(dump_dir), "--max-values", str(max_values),
-                          "--hit-ratios", "0", "--batch-sizes", str(batch), "--triton-url", url,
+                          *workload, "--max-values", str(max_values), "--batch-sizes", str(batch), "--triton-url", url,
                           "--triton-protocol", protocol, "--report-dir", str(report_dir), "--only-summary", *extra)
 
 
@@ -313,6 +320,37 @@ def perf_analyzer_trace(requests: list, interface: ModelInterface, path: Path) -
     if not path.exists():
         write_trace((TraceEntry(r, False) for r in requests), interface, path)
     return path
+
+
+def workload_trace(workload: str, options, ratio: float, batch: int, requests: int, interface: ModelInterface,
+                   path: Path) -> Path:
+    """`requests` measured requests of `workload` (a `plan.workloads` name, `WorkloadOptions`),
+    primes included in send order, as a perf_analyzer trace: the requests our worker sends."""
+    from hstu_replay.plan.keys import KeyAllocator
+    from hstu_replay.plan.perf_analyzer import plan_trace, write_trace
+    from hstu_replay.plan.workloads import open_workload
+
+    if not path.exists():
+        opened = open_workload(workload, options)
+        opened.check((batch,))
+        write_trace(plan_trace(opened.source(KeyAllocator(0, 0, 1)), interface, ratio, batch, requests), interface,
+                    path)
+    return path
+
+
+def synthetic_store(directory: Path, users: int = 1000, scale: float = 0.4, seed: int = 5) -> Path:
+    """A prepared store of synthetic KuaiRand-schema users (about 4,700 events each at the
+    defaults: long enough for full histories, enough users for a natural replay), made once."""
+    if not (directory / "meta.json").exists():
+        raw = directory.with_name(directory.name + "-raw")
+        for command in (["data", "synth", "--out", str(raw), "--users", str(users), "--scale", str(scale),
+                         "--seed", str(seed)], ["data", "prepare", str(raw), "--out", str(directory)]):
+            subprocess.run([sys.executable, "-m", "hstu_replay.cli", *command], check=True, capture_output=True,
+                           timeout=600, cwd=ROOT)
+        for f in raw.glob("*"):
+            f.unlink()
+        raw.rmdir()
+    return directory
 
 
 def report_bin(report_dir: Path) -> dict:

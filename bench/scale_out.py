@@ -1,7 +1,7 @@
 """Scale-out: one master and N Locust workers against a server that is not the limit.
 
     python -m bench.scale_out                       # N = 1, 2; about 3 minutes
-    python -m bench.scale_out --workers 1,2,3 --seconds 10
+    python -m bench.scale_out --workers 1,2,4,8 --seconds 10   # on a host with the cores for it
 
 A do-nothing PyTriton model with the KV-cache interface and `--instances` model instances runs in
 a child process. For each N: a headless master (`locust -f locustfiles/hstu.py --master`) and N
@@ -9,7 +9,9 @@ workers on loopback replay the same dumps (8 x (2,048 + 16) values, hit ratio 0,
 `--users-per-worker` users each, closed loop. Over one steady window: requests counted by the
 server, CPU of the master and of every worker from /proc. The run then ends by itself, and the
 report's merged percentiles are checked against the records every worker wrote (the histogram
-of the concatenated records must equal the merged one, and so its percentiles).
+of the concatenated records must equal the merged one, and so its percentiles). Beside each N,
+the workers the capacity planner (`capacity.workers`) asks for at that rate, from the one-worker
+run's CPU per request, and the workers the run's own CPU needed.
 Prints a markdown table, the command and the machine's load.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import time
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from bench import harness
 from bench.harness import ROOT, Shape
+from hstu_replay.capacity.workers import DEFAULT_CORE_SHARE, workers_needed
 from hstu_replay.interface import KVCACHE
 from hstu_replay.loadtest.command import locust_command
 from hstu_replay.loadtest.records import read_records
@@ -87,6 +91,14 @@ def run(server, n: int, args, dumps: Path) -> ScaleResult:
                        master_w.cores, 1e6 * master_w.cores / master_w.rps, *merged_exact(report))
 
 
+def planned(result: ScaleResult, single: ScaleResult) -> tuple[int, int]:
+    """The capacity planner's worker count for this run's rate (from the one-worker run's CPU per
+    request, as `hstu-replay capacity` plans from a measured step) and the count this run's own
+    worker CPU calls for."""
+    needed = max(1, math.ceil(result.worker_cores / DEFAULT_CORE_SHARE - 1e-9))
+    return workers_needed(result.rps, single.worker_ms), needed
+
+
 def merged_exact(report: Path) -> tuple[bool, int]:
     """Whether the report's measured stage equals the histogram of every worker's records."""
     data = json.loads((report / "report.json").read_text())
@@ -118,11 +130,15 @@ def main() -> int:
         server.stop()
     one = results[0].rps / results[0].workers
     rows = [[r.workers, r.users, r.rps, f"{r.rps / (one * r.workers):.2f}", r.worker_cores, r.worker_ms,
-             r.master_cores, r.master_us, r.requests_in_report, "yes" if r.percentiles_exact else "NO"]
-            for r in results]
+             r.master_cores, r.master_us, r.requests_in_report, "yes" if r.percentiles_exact else "NO",
+             *planned(r, results[0])] for r in results]
     print()
     print(harness.table(["workers", "users", "req/s (server)", "to N x one worker", "worker cores", "worker CPU ms/req",
-                         "master cores", "master CPU us/req", "measured requests", "merged p50/p90/p99 exact"], rows))
+                         "master cores", "master CPU us/req", "measured requests", "merged p50/p90/p99 exact",
+                         "planner: workers for this req/s", "workers this run's CPU needs"], rows))
+    print(f"\nplanner: `hstu-replay capacity`'s count, ceil(req/s x CPU ms/request / 1000 / {DEFAULT_CORE_SHARE}), "
+          f"with the one-worker run's CPU per request; beside it the same count from this run's own worker cores "
+          f"(what the run needed, each worker at {DEFAULT_CORE_SHARE} of a core); the run used N")
     print()
     print(f"shape {SHAPE.name}, {args.protocol}, do-nothing model with {args.instances} instances; "
           f"{harness.this_command()}")

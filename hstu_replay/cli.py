@@ -24,6 +24,7 @@ COMMAND_GROUPS: dict[str, str] = {
     "capacity": "hstu_replay.capacity.cli",
     "flow": "hstu_replay.flow.cli",
     "bench": "hstu_replay.benchmark.cli",
+    "options": "hstu_replay.loadtest.listing",
 }
 
 

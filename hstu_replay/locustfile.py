@@ -2,7 +2,9 @@
 
 From an installed package, the same file:
 `locust -f "$(python -c 'import hstu_replay; print(hstu_replay.LOCUSTFILE)')"`.
-Options: `locust -f locustfiles/hstu.py --help` (group "hstu-replay"); see README.md.
+Options: `hstu-replay options` lists every one, its default and its environment variable, by group
+(Locust reads `--help` before it loads a locustfile, so `locust -f ... --help` shows Locust's own
+only); README.md has the same table.
 """
 
 import os

@@ -135,57 +135,48 @@ class RequestTensors:
         ]
 
 
-def check_limits(users: Sequence[UserRequest], limits: Limits = PUBLISHED_LIMITS) -> None:
-    """Refuse, with one clear line, a request the published model cannot take."""
+def build_request(users: Sequence[UserRequest], limits: Limits = PUBLISHED_LIMITS) -> RequestTensors:
+    """Lay out `users` as one jagged batch, refusing (one clear line) a request the model cannot
+    take under `limits`. One pass over the users for the checks and the layout, plain lists for
+    the per-user numbers: at B <= 8 they are cheaper than numpy calls on tiny arrays."""
     batch = len(users)
     if not 1 <= batch <= limits.max_batch:
         raise LimitError(f"batch of {batch} users; the model takes 1..{limits.max_batch}")
-    seen: set[int] = set()
-    total = 0
-    for u in users:
-        if u.key in seen:
-            raise LimitError(f"cache key {u.key} appears twice in one request; the server would corrupt it")
-        seen.add(u.key)
-        if len(u.history_actions) != len(u.history_items):
-            raise LimitError(
-                f"user {u.user_id}: {len(u.history_items)} history items but {len(u.history_actions)} actions"
-            )
-        if len(u.history_items) > limits.max_history:
-            raise LimitError(
-                f"user {u.user_id}: history of {len(u.history_items)} items exceeds {limits.max_history}"
-            )
-        if len(u.candidates) > limits.max_candidates:
-            raise LimitError(
-                f"user {u.user_id}: {len(u.candidates)} candidates exceed {limits.max_candidates}"
-            )
-        total += u.num_values
-    if total > limits.max_values:
-        raise LimitError(f"request has {total} values; the model takes at most {limits.max_values}")
-
-
-def build_request(users: Sequence[UserRequest], limits: Limits = PUBLISHED_LIMITS) -> RequestTensors:
-    """Lay out `users` as one jagged batch, after checking `limits`. Plain lists for the
-    per-user numbers: at B <= 8 they are cheaper than numpy calls on tiny arrays."""
-    check_limits(users, limits)
     items: list[np.ndarray] = []
     actions: list[np.ndarray] = []
-    histories, candidates, contexts = [], [], []
+    histories, candidates, contexts, keys = [], [], [], []
+    head = []  # feature-major: every user's id, then each context feature
+    max_history, max_candidates = limits.max_history, limits.max_candidates
     for u in users:
-        items += (_int64(u.history_items), _int64(u.candidates))
-        actions += (_int64(u.history_actions), _zeros(len(u.candidates)))
-        histories.append(len(u.history_items))
-        candidates.append(len(u.candidates))
+        history, ranked = u.history_items, u.candidates
+        h, c = len(history), len(ranked)
+        if len(u.history_actions) != h:
+            raise LimitError(f"user {u.user_id}: {h} history items but {len(u.history_actions)} actions")
+        if h > max_history:
+            raise LimitError(f"user {u.user_id}: history of {h} items exceeds {max_history}")
+        if c > max_candidates:
+            raise LimitError(f"user {u.user_id}: {c} candidates exceed {max_candidates}")
+        items += (_int64(history), _int64(ranked))
+        actions += (_int64(u.history_actions), _zeros(c))
+        histories.append(h)
+        candidates.append(c)
         contexts += u.context
-    batch = len(users)
-    head = [u.user_id for u in users]  # feature-major: every user's id, then each context feature
+        keys.append(u.key)
+        head.append(u.user_id)
+    if len(set(keys)) != batch:
+        twice = next(k for i, k in enumerate(keys) if k in keys[:i])
+        raise LimitError(f"cache key {twice} appears twice in one request; the server would corrupt it")
+    sequences = [h + c for h, c in zip(histories, candidates)]
+    total = NUM_CONTEXT_TOKENS * batch + 2 * sum(sequences)
+    if total > limits.max_values:
+        raise LimitError(f"request has {total} values; the model takes at most {limits.max_values}")
     for f in range(NUM_CONTEXT_TOKENS - 1):
         head += contexts[f :: NUM_CONTEXT_TOKENS - 1]
-    sequences = [h + c for h, c in zip(histories, candidates)]
     return RequestTensors(
         value_parts=(np.array(head, dtype=np.int64), *items, *actions),
         lengths=np.array([1] * (NUM_CONTEXT_TOKENS * batch) + sequences * 2, dtype=np.int64),
         num_candidates=np.array(candidates, dtype=np.int64),
-        user_ids=np.array([u.key for u in users], dtype=np.int64),
+        user_ids=np.array(keys, dtype=np.int64),
         total_history_lengths=np.array([history_tokens(h) for h in histories], dtype=np.int64),
     )
 

@@ -19,6 +19,7 @@ that neither pool holds any more, or that cannot grow, are retired.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -40,6 +41,28 @@ class _Slot:
     user: int = -1  # store index (held from the dealer)
     key: int | None = None
     sent: int = 0  # history items the key holds (as far as this slot knows)
+    history: SlotHistory | None = None  # the held user's arrays, read once when the slot takes it
+
+
+@dataclass(frozen=True)
+class SlotHistory:
+    """What a slot sends of its user, read from the store once per user instead of once per
+    request (a store read builds memory-map views: ~25 us each, several per user and step).
+    Bounded: one user per slot, at most `max_history + candidates` events of it."""
+
+    user_id: int
+    context: tuple[int, ...]
+    video_ids: np.ndarray  # int64, plain views of the store's map
+    actions: np.ndarray  # int64, converted once (the store keeps uint8)
+    events: int  # all the user's events (the arrays may stop earlier)
+    visit_starts: list[int]  # a list: bisect on it is cheaper than np.searchsorted on a short array
+
+    @classmethod
+    def of(cls, store, user: int, keep: int) -> SlotHistory:
+        history = store.user(user)
+        ids = np.asarray(history.video_ids)
+        return cls(history.user_id, history.context, ids[:keep].astype(np.int64, copy=False),
+                   np.asarray(history.actions[:keep], dtype=np.int64), len(ids), visit_starts(history.times_ms).tolist())
 
 
 def visit_starts(times_ms: np.ndarray) -> np.ndarray:
@@ -72,8 +95,10 @@ class SessionSource:
         self._pattern = TierPattern(steering.mix) if steering is not None else None
         self._parked: list[_Slot] = []  # the working set: keys sent before, not in a slot now
         self._slots: list[_Slot] = []
-        self._boundaries: dict[int, np.ndarray] = {}
         self._retired: list[int] = []  # keys never to be sent again, handed out by `settle`
+        # the last measured request built: (key and history length of each slot), the request, its label.
+        # At a hit ratio of 1.0 a warm key is sent again as it was, so the same request is sent again.
+        self._last: tuple[tuple, object, str] = ((), None, "")
 
     @property
     def exhausted(self) -> bool:
@@ -86,20 +111,25 @@ class SessionSource:
             self._next_user(slot)
             self._slots.append(slot)
         slots = tuple(self._slots[:batch_size])
-        primes, measured, hits, labels = [], [], [], []
+        primes, planned, hits = [], [], []
         for slot in slots:
             goal = target if self.steering is None else self._steer(slot, target, cap)
-            prime, request, hit = self._plan_slot(slot, goal, cap)
+            prime, items, hit = self._plan_slot(slot, goal, cap)
             if prime is not None:
                 primes.append(prime)
-            measured.append(request)
+            planned.append((slot.key, items))
             hits.append(hit)
-            labels.append(f"user {request.user_id} key {request.key} items {request.history_length}")
+        planned = tuple(planned)
+        if primes or planned != self._last[0]:  # a key and its length name the request: same ones, same request
+            measured = [self._user_request(slot, items, self.candidates) for slot, (_, items) in zip(slots, planned)]
+            label = "; ".join(f"user {u.user_id} key {u.key} items {items}" for u, (_, items) in zip(measured, planned))
+            self._last = (planned, build_request(measured, self.limits), label)
+        _, request, label = self._last
         return PlannedStep(
-            request=build_request(measured, self.limits),
+            request=request,
             expected_hits=tuple(hits),
             prime=build_request(primes, self.limits) if primes else None,
-            label="; ".join(labels),
+            label=label,
             goal_ratio=target,
             handles=slots,
         )
@@ -127,26 +157,24 @@ class SessionSource:
 
     # -- one slot -----------------------------------------------------------------------
 
-    def _available(self, user: int, cap: int) -> int:
-        return min(len(self.store.user(user).video_ids) - self.candidates, cap)
+    def _available(self, slot: _Slot, cap: int) -> int:
+        return min(slot.history.events - self.candidates, cap)
 
     def _next_user(self, slot: _Slot) -> None:
         others = {s.user for s in self._slots if s is not slot}
         if slot.user >= 0:
             self.dealer.release(slot.user)
         slot.user = self.dealer.take(exclude=others)
+        slot.history = SlotHistory.of(self.store, slot.user, self.limits.max_history + self.candidates)
         self._drop_key(slot)
         slot.sent = 0
 
-    def _next_visit_end(self, user: int, after: int, cap: int) -> int:
+    def _next_visit_end(self, slot: _Slot, after: int, cap: int) -> int:
         """End of the first visit that adds at least one event after `after` items."""
-        bounds = self._boundaries.get(user)
-        if bounds is None:
-            bounds = visit_starts(self.store.user(user).times_ms)
-            self._boundaries[user] = bounds
-        i = np.searchsorted(bounds, after, side="right")
-        end = int(bounds[i]) if i < len(bounds) else len(self.store.user(user).video_ids)
-        return min(max(end, after + 1), self._available(user, cap))
+        bounds = slot.history.visit_starts
+        i = bisect_right(bounds, after)
+        end = bounds[i] if i < len(bounds) else slot.history.events
+        return min(max(end, after + 1), self._available(slot, cap))
 
     # -- steering by tier -----------------------------------------------------------------
 
@@ -171,17 +199,17 @@ class SessionSource:
 
     def _grows(self, entry: _Slot, target: float, cap: int) -> bool:
         held = self.steering.model.held(entry.key)
-        return warm_items(target, held, entry.sent, self._available(entry.user, cap)) is not None
+        return warm_items(target, held, entry.sent, self._available(entry, cap)) is not None
 
     def _keep(self, entry: _Slot, cap: int) -> bool:
         """A parked key stays while a pool holds it and it can grow; else it is retired."""
-        if self.steering.model.where(entry.key) is Tier.MISS or entry.sent >= self._available(entry.user, cap):
+        if self.steering.model.where(entry.key) is Tier.MISS or entry.sent >= self._available(entry, cap):
             self._retired.append(entry.key)
             return False
         return True
 
     def _park(self, slot: _Slot, cap: int) -> None:
-        if slot.key is not None and slot.sent < self._available(slot.user, cap):
+        if slot.key is not None and slot.sent < self._available(slot, cap):
             self._parked.append(replace(slot))
             slot.key = None
         self._drop_key(slot)
@@ -192,7 +220,7 @@ class SessionSource:
         self._parked.remove(entry)
         self._park(slot, cap)
         self.dealer.release(slot.user)
-        slot.user, slot.key, slot.sent = entry.user, entry.key, entry.sent
+        slot.user, slot.key, slot.sent, slot.history = entry.user, entry.key, entry.sent, entry.history
 
     def _held(self, slot: _Slot) -> int:
         """Tokens the server holds for the slot's key: its whole history (one tier), or what the
@@ -201,33 +229,28 @@ class SessionSource:
             return 0
         return history_tokens(slot.sent) if self.steering is None else self.steering.model.held(slot.key)
 
-    def _plan_slot(self, slot: _Slot, target: float, cap: int) -> tuple[UserRequest | None, UserRequest, int]:
-        available = self._available(slot.user, cap)
+    def _plan_slot(self, slot: _Slot, target: float, cap: int) -> tuple[UserRequest | None, int, int]:
+        """The slot's prime (if its key is fresh and needs one), its history length, its expected hits."""
+        available = self._available(slot, cap)
         held = self._held(slot)
         items = warm_items(target, held, slot.sent, available) if slot.key is not None else None
         prime = None
         if items is None:
             if slot.sent >= available:
                 self._next_user(slot)
-                available = self._available(slot.user, cap)
-            items = self._next_visit_end(slot.user, slot.sent, cap)
+                available = self._available(slot, cap)
+            items = self._next_visit_end(slot, slot.sent, cap)
             self._drop_key(slot)
             slot.key = self.keys.new_key()
             prefix = prime_items(target, items)
             if prefix is not None:
                 prime = self._user_request(slot, prefix, 1)
             held = history_tokens(prefix) if prefix is not None else 0
-        request = self._user_request(slot, items, self.candidates)
         slot.sent = items
-        return prime, request, held
+        return prime, items, held
 
     def _user_request(self, slot: _Slot, items: int, candidates: int) -> UserRequest:
-        history = self.store.user(slot.user)
-        return UserRequest(
-            user_id=history.user_id,
-            context=history.context,
-            history_items=np.asarray(history.video_ids[:items], dtype=np.int64),
-            history_actions=np.asarray(history.actions[:items], dtype=np.int64),
-            candidates=np.asarray(history.video_ids[items : items + candidates], dtype=np.int64),
-            cache_key=slot.key,
-        )
+        history = slot.history
+        ids = history.video_ids
+        return UserRequest(history.user_id, history.context, ids[:items], history.actions[:items],
+                           ids[items : items + candidates], slot.key)

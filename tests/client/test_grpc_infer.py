@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc.service_pb2 import ModelInferRequest
 
-from hstu_replay.client.grpc_infer import encode_request, varint
+from hstu_replay.client.grpc_infer import encode_request, same_buffers, varint
 
 
 @pytest.mark.parametrize("n, encoded", [(0, b"\x00"), (1, b"\x01"), (127, b"\x7f"), (128, b"\x80\x01"),
@@ -30,3 +30,15 @@ def test_protobuf_reads_back_every_field_and_byte():
     np.testing.assert_array_equal(sent[0], np.concatenate(values))
     np.testing.assert_array_equal(sent[1], np.arange(16))
     np.testing.assert_array_equal(sent[2], [7, 2**62])
+
+
+def test_the_same_buffers_are_the_same_arrays_not_equal_ones():
+    a = np.arange(10, dtype=np.int64)
+    b = np.arange(3, dtype=np.int64)
+    inputs = [("INPUT__0", (a, b)), ("INPUT__1", (b,))]
+    assert same_buffers(inputs, [("INPUT__0", (a, b)), ("INPUT__1", (b,))])
+    assert not same_buffers(inputs, [("INPUT__0", (a.copy(), b)), ("INPUT__1", (b,))])  # equal, not the same
+    assert not same_buffers(inputs, [("INPUT__0", (a, b)), ("INPUT__2", (b,))])
+    assert not same_buffers(inputs, [("INPUT__0", (a,)), ("INPUT__1", (b,))])
+    assert not same_buffers(inputs, inputs[:1])
+    assert not same_buffers(inputs, ())

@@ -141,3 +141,58 @@ def test_host_hits_need_fresh_keys_a_mix_of_host_alone_falls_short(long_store):
     (at 0.5 its history doubles per hit): without enough of them the host share falls short, into misses."""
     achieved, _ = steered_mix(long_store, "host:1", 1, gpu=3000, host=9000, steps=1200, target=0.5)
     assert achieved["host"] < 0.9 and achieved["gpu"] == 0.0
+
+
+class _CountingStore:
+    """The real store, counting the user reads (each builds memory-map views: the cost a slot saves)."""
+
+    def __init__(self, store):
+        self.store, self.reads = store, 0
+
+    def __len__(self):
+        return len(self.store)
+
+    def user(self, index):
+        self.reads += 1
+        return self.store.user(index)
+
+
+def test_a_slot_reads_its_user_from_the_store_once_and_sends_what_the_store_holds(long_store):
+    store = SequenceStore.open(long_store)
+    counting = _CountingStore(store)
+    source = SessionSource(counting, Dealer(usable_users(store, 16)), KeyAllocator(0, 0, nonce=1), 16,
+                           Limits(max_history=256))
+    taken = 0
+    for _ in range(300):
+        step = source.next_step(0.5, 4)
+        for slot in step.handles:
+            taken += slot.sent == 0  # never: a slot's fresh user has sent its first visit by now
+        for u in step.request.users():  # against the store itself, read separately
+            i = store.index_of(u.user_id)
+            history = store.user(i)
+            n = u.history_length
+            np.testing.assert_array_equal(u.history_items, history.video_ids[:n])
+            np.testing.assert_array_equal(u.history_actions, history.actions[:n].astype(np.int64))
+            np.testing.assert_array_equal(u.candidates, history.video_ids[n:n + 16])
+        source.settle(step, True)
+    assert taken == 0
+    assert 4 <= counting.reads < 300  # once per user a slot takes, not several times per step
+
+
+def test_at_1_0_a_warm_step_is_the_same_request_and_a_failed_one_is_not(long_store):
+    store = SequenceStore.open(long_store)
+    source = SessionSource(store, Dealer(usable_users(store, 16)), KeyAllocator(0, 0, nonce=1), 16,
+                           Limits(max_history=256))
+    first = source.next_step(1.0, 4)
+    source.settle(first, True)
+    second = source.next_step(1.0, 4)
+    source.settle(second, True)
+    third = source.next_step(1.0, 4)
+    assert third.request is second.request and third.prime is None and third.label == second.label
+    assert sum(third.expected_hits) == int(third.request.total_history_lengths.sum())  # a full hit
+    source.settle(third, False)  # its keys' state is unknown: fresh keys, a new request and primes
+    fourth = source.next_step(1.0, 4)
+    assert fourth.request is not third.request and fourth.prime is not None
+    assert set(fourth.request.user_ids.tolist()).isdisjoint(third.request.user_ids.tolist())
+    at_zero = [source.next_step(0.0, 4) for _ in range(2)]
+    assert at_zero[0].request is not at_zero[1].request

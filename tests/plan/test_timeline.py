@@ -182,3 +182,27 @@ def test_the_curve_after_a_failure_loses_what_the_replaced_key_held():
     curve = cache_curve(lost.cache_keys, lost.tokens, group_requests(lost, 0, 1))
     assert (curve.hit_tokens(10_000), curve.total_tokens) == (0, 28)  # the failed visit is out, the next one cold
     assert after_failures(trace, np.zeros(4, dtype=bool)) is trace
+
+
+def test_a_replayed_request_sends_what_the_store_holds_and_each_user_is_read_once(long_store):
+    from hstu_replay.plan.keys import KeyAllocator
+    from hstu_replay.plan.timeline import Timeline, TimelineSource
+
+    store = SequenceStore.open(long_store)
+    limits = Limits(max_history=256)
+    trace = build_trace(store, candidates=16, limits=limits, batch_size=8, policy=OLDEST)
+    timeline = Timeline(store, trace, group_requests(trace, 600_000, 8), 16, limits)
+    reads = []
+    real_user = store.user
+    store.user = lambda i: (reads.append(i), real_user(i))[1]  # count the reads of the real store
+    source = TimelineSource(timeline, KeyAllocator(0, 0, nonce=1))
+    for _ in range(min(timeline.requests, 200)):
+        step = source.next_step(0.0, 8)
+        for u in step.request.users():  # against the store's own arrays, read separately
+            i = store.index_of(u.user_id)
+            ids, actions = real_user(i).video_ids, real_user(i).actions
+            n, first = u.history_length, int(np.flatnonzero(ids == u.history_items[0])[0]) if u.history_length else 0
+            np.testing.assert_array_equal(u.history_items, ids[first:first + n])
+            np.testing.assert_array_equal(u.history_actions, actions[first:first + n].astype(np.int64))
+        source.settle(step, True)
+    assert len(reads) == len(set(reads)) > 0  # once per user, not once per visit
