@@ -117,9 +117,10 @@ def server_error_line(log_text: str) -> str:
     return lines[-1] if lines else "no output"
 
 
-def model_ready(http_port: int, models: Sequence[str] = SERVED_MODELS) -> Callable[[], bool]:
-    """The readiness rule: Triton's `/v2/models/<model>/ready` answers 200 on `http_port`, for every model."""
-    urls = [f"http://{HOST}:{http_port}/v2/models/{model}/ready" for model in models]
+def model_ready(http_port: int, models: Sequence[str] = SERVED_MODELS, host: str = HOST) -> Callable[[], bool]:
+    """The readiness rule: Triton's `/v2/models/<model>/ready` answers 200 on `host:http_port`, for every model."""
+    netloc = f"[{host}]:{http_port}" if ":" in host else f"{host}:{http_port}"
+    urls = [f"http://{netloc}/v2/models/{model}/ready" for model in models]
 
     def answers(url: str) -> bool:
         try:

@@ -90,7 +90,10 @@ def tier_table(report: dict) -> list[list[str]]:
 
 
 def shows_tiers(report: dict) -> bool:
-    """Whether the run had two tiers to speak of: a host tier, a server that reports tiers, or a target mix."""
+    """Whether the run had two tiers to speak of: a host tier (given, or read from the server), a target
+    mix, or host hits in some stage. A server that reports tiers but has no host tier (the reference
+    target at its default) adds nothing beside the hit-ratio table."""
     run = report.get("run") or {}
     options = run.get("options") or {}
-    return bool(options.get("host_budget_tokens") or options.get("tier_mix") or run.get("reports_tiers"))
+    return bool(options.get("host_budget_tokens") or options.get("tier_mix")
+                or any(((stage.get("tiers") or {}).get("host_ratio") or 0) > 0 for stage in report.get("stages", [])))

@@ -25,14 +25,13 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import hstu_replay
 from hstu_replay.errors import ServerError
 from hstu_replay.interface import CONTROL_MODEL, KVCACHE, NOCACHE, PYTHON_BACKEND, TensorSpec
+from hstu_replay.process import model_ready
 from hstu_replay.server.host_tier import OFFLOAD_CHUNK_TOKENS, HostTierOptions, OffloadMode
 from hstu_replay.server.serve import (
     CONTROL_OUTPUTS, ServeOptions, check_ports_free, python_backend_env, run_until_stopped,
@@ -177,17 +176,6 @@ def server_env(libs: Path) -> dict[str, str]:
     return env
 
 
-def models_ready(http_host: str, http_port: int) -> bool:
-    host = f"[{http_host}]" if ":" in http_host else http_host
-    for entry in model_entries():
-        try:
-            with urllib.request.urlopen(f"http://{host}:{http_port}/v2/models/{entry.name}/ready", timeout=2):
-                pass
-        except (urllib.error.URLError, OSError):
-            return False
-    return True
-
-
 def serve_native(base: BackendSettings, options: ServeOptions, stop: threading.Event | None = None) -> None:
     """Run tritonserver on a Python-backend repository until SIGINT/SIGTERM (or `stop`); clean shutdown."""
     check_ports_free(options)
@@ -209,7 +197,8 @@ def serve_native(base: BackendSettings, options: ServeOptions, stop: threading.E
         if options.https_port:
             https = TlsForwarder(options.host, options.https_port, (options.http_host, options.http_port),
                                  options.tls)
-        while not models_ready(options.http_host, options.http_port):
+        ready = model_ready(options.http_port, [entry.name for entry in model_entries()], options.http_host)
+        while not ready():
             if server.poll() is not None:
                 raise ServerError(f"tritonserver exited ({server.returncode}) while loading the models; see its log above")
             if stop.wait(0.2):

@@ -20,6 +20,12 @@ def stats(observed: bool) -> BinStats:
     return s
 
 
+def one_tier() -> BinStats:
+    """A stage against a server that reports tiers but holds no host tier: every hit from the GPU."""
+    return BinStats(requests=10, logical_requests=10, history_tokens=1000, predicted_hits=500, predicted_gpu_users=10,
+                    observed_hits=500, observed_tokens=1000, observed_tier_tokens=1000, observed_gpu_users=10)
+
+
 def test_the_model_figures_without_a_server_report():
     t = stage_tiers(stats(False), {"gpu": 0.6, "host": 0.3, "miss": 0.1})
     assert t["source"] == "predicted" and t["observed"] is None
@@ -45,6 +51,10 @@ def test_the_table_beside_the_hit_ratios():
     report = build_report(run_stats, {"options": {"host_budget_tokens": 9000, "tier_mix": "gpu:0.6,host:0.3,miss:0.1"}},
                           rules=StageRules(tier_mix=(("gpu", 0.6), ("host", 0.3), ("miss", 0.1))))
     assert shows_tiers(report) and not shows_tiers({"run": {"options": {}}})
+    untiered = build_report(RunStats({BinKey(1, 0.5): one_tier()}), {"options": {}, "reports_tiers": True})
+    assert not shows_tiers(untiered)  # a server that reports tiers, no host tier and no host hit
+    hosted = build_report(run_stats, {"options": {}, "reports_tiers": True})
+    assert shows_tiers(hosted)  # host hits seen without a host budget given (a server that has one)
     header, row = tier_table(report)
     assert header[:8] == ["batch", "target", "gpu hit", "host hit", "from", "mix gpu", "mix host", "mix miss"]
     assert row[:9] == ["1", "0.5", "0.350", "0.150", "server", "0.700", "0.200", "0.100", "gpu:0.6,host:0.3,miss:0.1"]
@@ -61,5 +71,5 @@ def test_the_html_report_shows_the_tiers_beside_the_hit_ratios():
     text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", render_html(report)))
     assert "Cache tiers: GPU hit, host hit, miss" in text
     assert "1 0.5 0.350 0.150 server 0.700 0.200 0.100 gpu:0.6,host:0.3,miss:0.1" in text
-    plain = build_report(RunStats({BinKey(1, 0.5): stats(False)}), {"options": {}})
+    plain = build_report(RunStats({BinKey(1, 0.5): one_tier()}), {"options": {}, "reports_tiers": True})
     assert "Cache tiers" not in render_html(plain)
