@@ -20,7 +20,7 @@ from hstu_replay.interface import Limits, history_tokens
 from hstu_replay.plan.keys import KeyAllocator
 from hstu_replay.plan.sessions import SlotHistory
 from hstu_replay.plan.step import PlannedStep
-from hstu_replay.request import UserRequest, build_request
+from hstu_replay.request import build_request
 
 
 @dataclass
@@ -71,7 +71,7 @@ class WorkingSetSource:
         for entry in chosen:
             if entry.key is None:
                 entry.key = self.keys.new_key()
-        users = [self._user_request(entry) for entry in chosen]
+        users = [entry.history.request(self.items, self.candidates, entry.key) for entry in chosen]
         label = "; ".join(f"user {u.user_id} key {u.key} items {self.items}" for u in users)
         return PlannedStep(request=build_request(users, self.limits), expected_hits=hits, prime=None, label=label,
                            goal_ratio=target, handles=chosen)
@@ -97,8 +97,3 @@ class WorkingSetSource:
         if entry.key is None:
             return 0
         return tokens if self.cache is None else min(self.cache.held(entry.key), tokens)
-
-    def _user_request(self, entry: WorkingSetEntry) -> UserRequest:
-        h = entry.history
-        return UserRequest(h.user_id, h.context, h.video_ids[: self.items], h.actions[: self.items],
-                           h.video_ids[self.items : self.items + self.candidates], entry.key)
