@@ -81,8 +81,8 @@ def test_bad_tier_options_are_named(tmp_path, given, message):
 
 @pytest.mark.parametrize("given, message", [
     ({"working_set": -3, "hit_ratios": "1"}, "--working-set -3: give a number of keys"),
-    ({"working_set": 4, "hit_ratios": "0.5,1"}, "--working-set 4: every visit revisits its key whole: give --hit-ratios 1, "
-     "not 0.5,1"),
+    ({"working_set": 4, "hit_ratios": "0.5,1"},
+     "--working-set 4: every visit revisits its key whole: give --hit-ratios 1, not 0.5,1"),
     ({"working_set": 4, "hit_ratios": "1", "tier_mix": "gpu:1"}, "leave out --tier-mix"),
     ({"working_set": 4, "hit_ratios": "1", "workload": "timeline"}, "only --workload sessions revisits"),
 ])

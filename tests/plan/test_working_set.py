@@ -77,7 +77,8 @@ def test_the_first_cycle_is_cold_and_a_failed_step_or_a_reset_sends_fresh_keys(l
     assert sorted(source.settle(again, False)) == sorted(again.request.user_ids.tolist())
     assert source.next_step(1.0, 2).expected_hits == (122, 122)  # the other half was fine
     fresh = source.next_step(1.0, 2)
-    assert fresh.expected_hits == (0, 0) and set(fresh.request.user_ids.tolist()).isdisjoint(first[0].request.user_ids.tolist())
+    assert fresh.expected_hits == (0, 0)
+    assert set(fresh.request.user_ids.tolist()).isdisjoint(first[0].request.user_ids.tolist())
     source.reset()
     assert len(source.settle(fresh, True)) == 4 and source.next_step(1.0, 2).expected_hits == (0, 0)
 
