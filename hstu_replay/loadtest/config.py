@@ -97,6 +97,7 @@ class DataConfig:
     time_slice_ms: int = 0
     shard: tuple[int, int] = (0, 1)  # --timeline-shard i/n; (0, 1): every user
     policy: HistoryPolicy = HistoryPolicy()  # --over-limit, --rebase-keep
+    working_set: int = 0  # --working-set: keys per virtual user revisited round-robin (0: off)
 
     def __post_init__(self):
         if not getattr(self, self.kind.data_option):
@@ -162,6 +163,22 @@ class CacheConfig:
             raise ConfigError(f"--tier-mix {mix_text(mix)}: host hits need --host-budget-tokens "
                               f"({self.host_budget_tokens}) above --cache-budget-tokens ({self.budget_tokens}): "
                               "the host pool holds copies of the GPU's users too")
+
+
+def check_working_set(size: int, kind: WorkloadKind, cache: CacheConfig, sweep: SweepConfig) -> None:
+    """--working-set: sessions only, not with a tier mix, every visit after the first a full revisit."""
+    if not size:
+        return
+    if size < 0:
+        raise ConfigError(f"--working-set {size}: give a number of keys, 1 or more (0: off)")
+    if not kind.steers_tiers:
+        raise ConfigError(f"--working-set {size}: only --workload "
+                          f"{one_of(k.name for k in WORKLOADS.values() if k.steers_tiers)} revisits a working set")
+    if cache.tier_mix is not None:
+        raise ConfigError(f"--working-set {size}: the tiers follow from the working set; leave out --tier-mix")
+    if sweep.ratios != (1.0,):
+        raise ConfigError(f"--working-set {size}: every visit revisits its key whole: give --hit-ratios 1, "
+                          f"not {','.join(f'{r:g}' for r in sweep.ratios)}")
 
 
 def mix_text(mix: TierMix) -> str:
@@ -263,7 +280,7 @@ class LoadTestConfig:
         kind = workload_kind(v["workload"])
         data = DataConfig(kind, v["store"], v["dump_dir"], v["candidates"], v["max_history"], v["max_values"],
                           v["seed"], v["time_scale"], v["time_slice_ms"], _shard(v["timeline_shard"]),
-                          HistoryPolicy.of(v["over_limit"], v["rebase_keep"]))
+                          HistoryPolicy.of(v["over_limit"], v["rebase_keep"]), v["working_set"])
         checks = CheckConfig(v["verify_fraction"], v["tolerance"])
         cache = CacheConfig(v["cache_budget_tokens"], v["cache_page_tokens"], v["host_budget_tokens"],
                             v["offload_mode"], TierMix.parse(v["tier_mix"]) if v["tier_mix"] else None)
@@ -272,6 +289,7 @@ class LoadTestConfig:
         if cache.tier_mix is not None and not kind.steers_tiers:
             raise ConfigError(f"--tier-mix {v['tier_mix']!r}: only --workload "
                               f"{one_of(k.name for k in WORKLOADS.values() if k.steers_tiers)} steers by tier")
+        check_working_set(v["working_set"], kind, cache, sweep)
         if v["min_stage_requests"] < 1 or v["max_loop_lag_ms"] <= 0:
             raise ConfigError("--min-stage-requests must be >= 1 and --max-loop-lag-ms > 0")
         if v["master_timeout"] <= 0:

@@ -105,6 +105,8 @@ OPTIONS: tuple[LoadOption, ...] = (
                     "tokens, the reference target's default) or flexkv (every user after each forward)"), CACHE),
     LoadOption(_own("--tier-mix", "", "Sessions: steer users to cache tiers at each stage's hit ratio, e.g. "
                     "gpu:0.6,host:0.3,miss:0.1 (empty: off)"), CACHE),
+    LoadOption(_own("--working-set", 0, "Sessions: each virtual user revisits N keys round-robin at a fixed history "
+                    "length, with --hit-ratios 1 (0: off; see \"Working-set sweep\")"), CACHE),
     LoadOption(_own("--verify-fraction", 1.0, "Fraction of responses checked against references"), CHECKS),
     LoadOption(A.TOLERANCE.but(help="Max absolute logit difference accepted"), CHECKS),
     LoadOption(_own("--report-dir", "runs/latest", "Where records and reports are written"), CHECKS),

@@ -64,6 +64,12 @@ class SlotHistory:
         return cls(history.user_id, history.context, ids[:keep].astype(np.int64, copy=False),
                    np.asarray(history.actions[:keep], dtype=np.int64), len(ids), visit_starts(history.times_ms).tolist())
 
+    def request(self, items: int, candidates: int, key: int) -> UserRequest:
+        """The user's first `items` events as history and the next `candidates` as candidates, on `key`."""
+        ids = self.video_ids
+        return UserRequest(self.user_id, self.context, ids[:items], self.actions[:items],
+                           ids[items : items + candidates], key)
+
 
 def visit_starts(times_ms: np.ndarray) -> np.ndarray:
     """Indexes where a user's visits begin after the first: events after a gap of 60 s or more."""
@@ -250,7 +256,4 @@ class SessionSource:
         return prime, items, held
 
     def _user_request(self, slot: _Slot, items: int, candidates: int) -> UserRequest:
-        history = slot.history
-        ids = history.video_ids
-        return UserRequest(history.user_id, history.context, ids[:items], history.actions[:items],
-                           ids[items : items + candidates], slot.key)
+        return slot.history.request(items, candidates, slot.key)

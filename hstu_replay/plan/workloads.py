@@ -53,6 +53,7 @@ class WorkloadOptions:
     shard: tuple[int, int] = (0, 1)  # natural replay: only users i of n (store index modulo n)
     policy: HistoryPolicy = HistoryPolicy()  # natural replay: a visit whose history is past the limit
     tier_mix: TierMix | None = None  # steer each slot to a cache tier (sessions)
+    working_set: int = 0  # sessions: N keys per virtual user revisited round-robin (0: off)
 
 
 class Workload(Protocol):
@@ -78,9 +79,15 @@ class SessionWorkload:
             raise ConfigError(f"--store {options.path}: no user has more than {options.candidates} events; "
                               "lower --candidates")
         self.dealer = Dealer(users, options.seed, options.worker_index, options.worker_count)
+        self.working_set: tuple[int, list[int]] | None = None  # (history items, users of the entries)
 
     def check(self, batch_sizes: tuple[int, ...]) -> None:
         o = self.options
+        if o.working_set:
+            from hstu_replay.plan.working_set import working_set_plan
+
+            self.working_set = working_set_plan(self.store, o.working_set, batch_sizes, o.limits, o.candidates,
+                                                self.dealer.order)
         for batch in batch_sizes:
             if len(self.dealer) < batch:
                 raise ConfigError(f"--store {o.path}: {len(self.dealer)} usable users cannot fill a batch of "
@@ -96,6 +103,13 @@ class SessionWorkload:
         from hstu_replay.plan.sessions import SessionSource, TierSteering
 
         o = self.options
+        if o.working_set:
+            from hstu_replay.plan.working_set import WorkingSetSource
+
+            if self.working_set is None:
+                raise ConfigError("--working-set: checked against the batch sizes before any source")
+            items, users = self.working_set
+            return WorkingSetSource(self.store, users, items, keys, o.candidates, o.limits, cache)
         steering = TierSteering(o.tier_mix, cache) if o.tier_mix is not None and cache is not None else None
         return SessionSource(self.store, self.dealer, keys, o.candidates, o.limits, steering)
 

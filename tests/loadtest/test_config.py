@@ -79,6 +79,22 @@ def test_bad_tier_options_are_named(tmp_path, given, message):
         config(**{"workload": "sessions", "store": str(tmp_path), **given})
 
 
+@pytest.mark.parametrize("given, message", [
+    ({"working_set": -3, "hit_ratios": "1"}, "--working-set -3: give a number of keys"),
+    ({"working_set": 4, "hit_ratios": "0.5,1"},
+     "--working-set 4: every visit revisits its key whole: give --hit-ratios 1, not 0.5,1"),
+    ({"working_set": 4, "hit_ratios": "1", "tier_mix": "gpu:1"}, "leave out --tier-mix"),
+    ({"working_set": 4, "hit_ratios": "1", "workload": "timeline"}, "only --workload sessions revisits"),
+])
+def test_bad_working_set_options_are_named(tmp_path, given, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        config(**{"workload": "sessions", "store": str(tmp_path), **given})
+
+
+def test_a_working_set_with_full_revisits_is_taken(tmp_path):
+    assert config(workload="sessions", store=str(tmp_path), working_set=8, hit_ratios="1").data.working_set == 8
+
+
 def test_a_tier_mix_and_the_budgets_the_server_says():
     c = config(workload="sessions", store="s", tier_mix="gpu:0.6,host:0.3,miss:0.1")  # checked once budgets are known
     assert c.cache.tier_mix.as_dict() == {"gpu": 0.6, "host": 0.3, "miss": 0.1}
