@@ -11,10 +11,13 @@ history is capped (from its start, so keys still only grow) where B such users f
 With a tier mix (`TierSteering`) each slot is also steered to a cache tier by choosing which of
 its virtual user's keys it sends (the working set: the keys it sent before, parked), against the
 client's two-tier model of the server: a GPU hit is a fresh key primed to the stage's ratio
-(the GPU holds the prime); a host hit grows a key only the host pool holds, the most recently sent
-one; a miss is a fresh key sent cold. Every fresh key joins the working set and pushes the least
-recent one out of the GPU, so keys age into the host pool while they can still grow. Parked keys
-that neither pool holds any more, or that cannot grow, are retired.
+(the GPU holds the prime); a host hit grows a key only the host pool holds, the middle one of
+those by recency; a miss is a fresh key sent cold. Every fresh key joins the working set and
+pushes the least recent one out of the GPU, so keys age into the host pool while they can still
+grow. Parked keys that neither pool holds any more, or that cannot grow, are retired. Why the
+middle host-only key: under a master and workers each process models its share of pools that
+the processes share, so a key near either edge of the host-only range in the model may sit
+across that edge on the server (still on the GPU, or gone); the middle one is host-only there too.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 from hstu_replay.interface import Limits, history_tokens
 from hstu_replay.plan.dealer import Dealer
 from hstu_replay.plan.keys import KeyAllocator
+from hstu_replay.plan.retired import RetiredKeys
 from hstu_replay.plan.reuse import prime_items, warm_items
 from hstu_replay.plan.step import PlannedStep
 from hstu_replay.plan.tier_mix import TierMix, TierPattern
@@ -101,7 +105,7 @@ class SessionSource:
         self._pattern = TierPattern(steering.mix) if steering is not None else None
         self._parked: list[_Slot] = []  # the working set: keys sent before, not in a slot now
         self._slots: list[_Slot] = []
-        self._retired: list[int] = []  # keys never to be sent again, handed out by `settle`
+        self.retired = RetiredKeys()
         # the last measured request built: (key and history length of each slot), the request, its label.
         # At a hit ratio of 1.0 a warm key is sent again as it was, so the same request is sent again.
         self._last: tuple[tuple, object, str] = ((), None, "")
@@ -146,19 +150,18 @@ class SessionSource:
         if not ok:
             for slot in step.handles:
                 self._drop_key(slot)
-        retired, self._retired = self._retired, []
-        return retired
+        return self.retired.take()
 
     def reset(self) -> None:
         """The server lost its cache: every slot starts a fresh key at its next step."""
         for slot in self._slots:
             self._drop_key(slot)
-        self._retired += [p.key for p in self._parked]
+        self.retired.extend(p.key for p in self._parked)
         self._parked = []
 
     def _drop_key(self, slot: _Slot) -> None:
         if slot.key is not None:
-            self._retired.append(slot.key)
+            self.retired.add(slot.key)
             slot.key = None
 
     # -- one slot -----------------------------------------------------------------------
@@ -191,11 +194,11 @@ class SessionSource:
         tier = self._pattern.next()
         if tier is Tier.HOST:
             others = {s.user for s in self._slots if s is not slot}
-            for candidate in self._parked[::-1]:  # the most recently sent first: the host's last to go
-                if (candidate.user not in others and model.where(candidate.key) is Tier.HOST
-                        and self._grows(candidate, target, cap)):
-                    self._swap(slot, candidate, cap)
-                    return target
+            hosted = [p for p in self._parked if p.user not in others and model.where(p.key) is Tier.HOST
+                      and self._grows(p, target, cap)]
+            if hosted:  # the middle one by recency: as far from the GPU's reach as from the host's end
+                self._swap(slot, hosted[len(hosted) // 2], cap)
+                return target
         self._park(slot, cap)
         self._next_user(slot)
         # GPU: a fresh key primed to the ratio (the GPU holds the prime); its key then ages out of the GPU as
@@ -210,7 +213,7 @@ class SessionSource:
     def _keep(self, entry: _Slot, cap: int) -> bool:
         """A parked key stays while a pool holds it and it can grow; else it is retired."""
         if self.steering.model.where(entry.key) is Tier.MISS or entry.sent >= self._available(entry, cap):
-            self._retired.append(entry.key)
+            self.retired.add(entry.key)
             return False
         return True
 

@@ -21,6 +21,7 @@ from hstu_replay.errors import HstuReplayError, PlanError
 from hstu_replay.interface import NUM_CONTEXT_TOKENS, Limits, history_tokens
 from hstu_replay.plan.keys import KeyAllocator
 from hstu_replay.plan.over_limit import KINDS, HistoryPolicy, VisitAccounts
+from hstu_replay.plan.retired import RetiredKeys
 from hstu_replay.plan.sessions import visit_starts
 from hstu_replay.plan.step import PlannedStep
 from hstu_replay.request import UserRequest, build_request
@@ -231,7 +232,7 @@ class TimelineSource:
 
     def __init__(self, timeline: Timeline, keys: KeyAllocator):
         self.timeline, self.keys = timeline, keys
-        self._retired: list[int] = []
+        self.retired = RetiredKeys()
 
     @property
     def exhausted(self) -> bool:
@@ -246,7 +247,7 @@ class TimelineSource:
         for i in visits:
             u, epoch = int(t.users[i]), int(t.epoch[i])
             if u in tl.keys and tl.epochs[u] != epoch:  # rebased: what the key holds is no prefix of it
-                self._retired.append(tl.keys.pop(u))
+                self.retired.add(tl.keys.pop(u))
             if u not in tl.keys:
                 tl.keys[u], tl.held[u], tl.epochs[u] = self.keys.new_key(), 0, epoch
             history = tl.user(u)
@@ -279,15 +280,14 @@ class TimelineSource:
             if ok:
                 tl.held[u] = int(tokens)
             elif u in tl.keys:
-                self._retired.append(tl.keys.pop(u))
+                self.retired.add(tl.keys.pop(u))
         tl.release(users)
-        retired, self._retired = self._retired, []
-        return retired
+        return self.retired.take()
 
     def reset(self) -> None:
         """The server lost its cache: every user starts a fresh key at its next visit."""
         tl = self.timeline
-        self._retired.extend(tl.keys.values())
+        self.retired.extend(tl.keys.values())
         tl.keys.clear()
         tl.held.clear()
 

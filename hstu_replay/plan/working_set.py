@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import Limits, history_tokens
 from hstu_replay.plan.keys import KeyAllocator
+from hstu_replay.plan.retired import RetiredKeys
 from hstu_replay.plan.sessions import SlotHistory
 from hstu_replay.plan.step import PlannedStep
 from hstu_replay.request import build_request
@@ -57,7 +58,7 @@ class WorkingSetSource:
         self.items = items
         self.entries = [WorkingSetEntry(SlotHistory.of(store, u, items + candidates)) for u in users]
         self._next = 0
-        self._retired: list[int] = []
+        self.retired = RetiredKeys()
 
     @property
     def exhausted(self) -> bool:
@@ -80,8 +81,7 @@ class WorkingSetSource:
         if not ok:
             for entry in step.handles:
                 self._drop(entry)
-        retired, self._retired = self._retired, []
-        return retired
+        return self.retired.take()
 
     def reset(self) -> None:
         for entry in self.entries:
@@ -89,7 +89,7 @@ class WorkingSetSource:
 
     def _drop(self, entry: WorkingSetEntry) -> None:
         if entry.key is not None:
-            self._retired.append(entry.key)
+            self.retired.add(entry.key)
             entry.key = None
 
     def _expected(self, entry: WorkingSetEntry) -> int:

@@ -110,12 +110,11 @@ def test_the_client_model_predicts_every_request_of_the_reference_targets_two_ti
               f"gpu hit ratio {tiers['gpu_ratio']:.4f} host {tiers['host_ratio']:.4f}")
 
 
-def test_master_and_workers_steered_to_a_tier_mix_report_what_the_oracle_saw(oracle_servers, sample_store,
-                                                                              tmp_path):
-    """Distributed: each worker steers its users against its share of both pools (the model's budget over
-    the workers) while the server's pools are shared, so the mix met is approximate (a run here met
-    0.72/0.18/0.10 for 0.6/0.3/0.1: keys outlive their worker's share of the GPU pool). What the report
-    says of each tier is still what the oracle saw, and a stage that misses its mix is flagged."""
+def test_master_and_workers_steered_to_a_tier_mix_meet_it_and_report_what_the_oracle_saw(oracle_servers,
+                                                                                          sample_store, tmp_path):
+    """Distributed: each worker steers its users against its share of both pools while the server's pools
+    are shared; a host hit takes the middle host-only key by recency, host-only on the server too, so the
+    mix is met within 0.02 by the oracle's count, and the report says what the oracle saw within 0.005."""
     import json
 
     from tests.conftest import run_distributed
@@ -124,7 +123,7 @@ def test_master_and_workers_steered_to_a_tier_mix_report_what_the_oracle_saw(ora
     start = len(oracle.records())
     code, report_dir, log = run_distributed(
         tmp_path, "--triton-url", oracle.grpc_url, "--workload", "sessions", "--store", str(sample_store),
-        "--hit-ratios", "0.8", "--batch-sizes", "1", "--stage-seconds", "8", "--warmup-seconds", "3",
+        "--hit-ratios", "0.8", "--batch-sizes", "1,4", "--stage-seconds", "8", "--warmup-seconds", "3",
         "--max-history", "256", "--verify-fraction", "0", "--cache-budget-tokens", str(2 * GPU),
         "--host-budget-tokens", str(2 * HOST), "--tier-mix", "gpu:0.6,host:0.3,miss:0.1", "--offload-mode", "flexkv",
         users=4, workers=2)
@@ -133,13 +132,14 @@ def test_master_and_workers_steered_to_a_tier_mix_report_what_the_oracle_saw(ora
     seen = seen_since(oracle, start)
     assert not [e for e in seen if e["violations"]]
     view = oracle_tiers(read_records(report_dir), seen)
-    (stage,) = report["stages"]
-    o = view[stage["name"]]
-    users = o["gpu"] + o["host"] + o["miss"]
-    assert users >= 60, users
-    achieved = {t: o[t] / users for t in MIX}
-    print(f"distributed {stage['name']}: reported {stage['tiers']['mix']} oracle {achieved} over {users} users")
-    for tier in MIX:
-        assert abs(stage["tiers"]["mix"][tier] - achieved[tier]) <= 0.005, (tier, stage["tiers"], achieved)
-    missed = max(abs(achieved[tier] - share) for tier, share in MIX.items()) > 0.02
-    assert missed == any(f["flag"] == "off-target" for f in stage["flags"]), (achieved, stage["flags"])
+    assert len(report["stages"]) == 2
+    for stage in report["stages"]:
+        o = view[stage["name"]]
+        users = o["gpu"] + o["host"] + o["miss"]
+        assert users >= 60, users
+        achieved = {t: o[t] / users for t in MIX}
+        print(f"distributed {stage['name']}: reported {stage['tiers']['mix']} oracle {achieved} over {users} users")
+        for tier, share in MIX.items():
+            assert abs(achieved[tier] - share) <= 0.02, (stage["name"], tier, achieved)
+            assert abs(stage["tiers"]["mix"][tier] - achieved[tier]) <= 0.005, (tier, stage["tiers"], achieved)
+        assert not [f for f in stage["flags"] if f["flag"] == "off-target"], stage["flags"]
