@@ -2,6 +2,8 @@
 # Several GPU-machine steps in one call, each bounded by its own time limit, logs under OUT_DIR:
 #   bash bench/gpu_session.sh OUT_DIR STEP:SECONDS ...
 # Steps:
+#   wheels        install the carried wheels (bench/gpu_wheels.sh --install $WHEELS, default .whl) into $SITE
+#                 (default /tmp/site), which every step finds first on PYTHONPATH
 #   env           the machine, its Python packages and tools
 #   aoti-check    compile and load a tiny AOTInductor package in one process (bench/gpu_aoti_check.py)
 #   protocol      NVIDIA's protocol against the batched engine, 3 and 8 layers (bench/gpu_protocol.sh)
@@ -19,8 +21,10 @@ shift
 PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
 NATIVE=${NATIVE:---frontend python-backend}
-export PYTHONUNBUFFERED=1
+SITE=${SITE:-/tmp/site} WHEELS=${WHEELS:-.whl}
+export PYTHONUNBUFFERED=1 SITE WHEELS PYTHONPATH=$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUT"
+step_wheels() { bash bench/gpu_wheels.sh --install "$WHEELS"; }
 step_env() {
     uname -a; nproc; free -g | head -2; nvidia-smi 2>&1 | head -15
     $PY -c "import sys, torch, numpy; print(sys.version, torch.__version__, torch.version.cuda, numpy.__version__)"
