@@ -10,6 +10,7 @@ only its candidates and copies nothing.
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -82,11 +83,15 @@ class BatchedEngine:
             plan = WorkPlan.plan(hit, n_hist, n_cand, cfg.num_heads)
             candidates = [np.asarray(u.candidates, dtype=np.int64) for u in users]
         if self.graphs is not None and not len(hist_pos):  # fully cached: one graph launch
-            with self.clock.phase("engine.graph"):
-                shape = StepShape.of(int(n_cand.sum()), len(plan.items), cfg.max_batch, self.table_pages, plan.split)
-                logits = self.graphs.run(shape, np.concatenate(candidates), positions, page_table, plan.items,
-                                         cache.generation)
+            shape = StepShape.of(int(n_cand.sum()), len(plan.items), cfg.max_batch, self.table_pages, plan.split)
+            try:
+                with self.clock.phase("engine.graph"):
+                    logits = self.graphs.run(shape, np.concatenate(candidates), positions, page_table, plan.items,
+                                             cache.generation)
                 return logits.reshape(-1, 8)
+            except RuntimeError as exc:  # a capture the device refused: every step runs eagerly from now on
+                print(f"hstu-replay: CUDA graphs off: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
+                self.graphs = None
         with self.clock.phase("engine.eager"):
             owner = np.repeat(np.arange(len(users)), n_hist)
             slots = page_table[owner, hist_pos // page] * page + hist_pos % page
