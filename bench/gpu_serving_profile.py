@@ -12,7 +12,9 @@ same model: `serve.infer_outputs` (input tensors -> RequestTensors -> engine -> 
 `engine.infer` alone, p50 after the same warm-up. The differences place the time:
 client p50 - success: client, gRPC and the network stack; success - compute_infer: Triton's core;
 compute_infer - infer_outputs: the backend (the stub's IPC and shared memory, for PyTriton its
-proxy too); infer_outputs - engine.infer: reading the tensors into users.
+proxy too); infer_outputs - engine.infer: reading the tensors into users. Where the engine takes
+CUDA graphs (`step_graphs`), the cached requests also run with them off: both times and the
+largest difference of their logits.
 Prints one line per case and a JSON object (also under --out).
 """
 
@@ -107,6 +109,15 @@ def in_process(args, cold: list[dict], warm: list[dict]) -> dict:
         if case == "cold":  # fresh keys again, so the engine computes everything
             engine.clear_cache()
         out[case]["engine_infer_p50_ms"] = timed(lambda a: engine.infer(prebuilt[id(a)]), requests)
+        if case == "cached" and engine.graphs is not None:  # the same with the graphs off; both answers
+            first = prebuilt[id(requests[0])]
+            graphed = engine.infer(first).logits
+            graphs, engine.graphs = engine.graphs, None
+            out[case]["engine_infer_eager_p50_ms"] = timed(lambda a: engine.infer(prebuilt[id(a)]), requests)
+            eager = engine.infer(first).logits
+            engine.graphs = graphs
+            out[case]["graphs_vs_eager_max_abs_diff"] = float(np.abs(graphed - eager).max())
+            out[case]["logits_max_abs"] = float(np.abs(eager).max())
         if case == "cold":
             engine.clear_cache()
     return out
@@ -147,6 +158,12 @@ def main() -> int:
               f"compute_infer {s['server_compute_infer_ms']} ms; in process infer_outputs "
               f"{p['infer_outputs_p50_ms']} ms, engine.infer {p['engine_infer_p50_ms']} ms "
               f"(batch {BATCH}, cached tokens of the last call {s['cached_tokens']})", flush=True)
+    cached = report["in_process"]["cached"]
+    if "engine_infer_eager_p50_ms" in cached:
+        print(f"cached, in process: engine.infer {cached['engine_infer_p50_ms']} ms with CUDA graphs, "
+              f"{cached['engine_infer_eager_p50_ms']} ms without; logits max |diff| "
+              f"{cached['graphs_vs_eager_max_abs_diff']:.3g} (largest |logit| {cached['logits_max_abs']:.3g})",
+              flush=True)
     print(json.dumps(report), flush=True)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)

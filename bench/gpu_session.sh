@@ -2,12 +2,17 @@
 # Several GPU-machine steps in one call, each bounded by its own time limit, logs under OUT_DIR:
 #   bash bench/gpu_session.sh OUT_DIR STEP:SECONDS ...
 # Steps:
+#   wheels        install the carried wheels (bench/gpu_wheels.sh --install $WHEELS, default .whl) into $SITE
+#                 (default /tmp/site), which every step finds first on PYTHONPATH
 #   env           the machine, its Python packages and tools
 #   aoti-check    compile and load a tiny AOTInductor package in one process (bench/gpu_aoti_check.py)
+#   gpu-tests     the unit tests that need a GPU (CUDA graphs against eager)
 #   protocol      NVIDIA's protocol against the batched engine, 3 and 8 layers (bench/gpu_protocol.sh)
+#   protocol-eager the same with the batched engine's CUDA graphs off (HSTU_REPLAY_CUDA_GRAPHS=0)
 #   protocol-pyt  the same behind PyTriton (the baseline), 3 layers
 #   protocol-aoti the same on AOTInductor packages compiled there (ENGINE=aoti), 3 layers
-#   profile       where a served batch-8 request's time goes (bench/gpu_serving_profile.py), each frontend
+#   profile       where a served batch-8 request's time goes (bench/gpu_serving_profile.py), Python backend
+#                 with CUDA graphs and without; the backend's phase lines (HSTU_REPLAY_BACKEND_PHASES)
 #   locust        our Locust sweep (bench/gpu_locust.sh; SERVE_ARGS as for protocol)
 #   flow          `hstu-replay flow l0 --config kuairand-1k` on the GPU
 #   scale-out     `python -m bench.scale_out --workers 1,2,4,8` against a do-nothing server
@@ -19,8 +24,10 @@ shift
 PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
 NATIVE=${NATIVE:---frontend python-backend}
-export PYTHONUNBUFFERED=1
+SITE=${SITE:-/tmp/site} WHEELS=${WHEELS:-.whl}
+export PYTHONUNBUFFERED=1 SITE WHEELS PYTHONPATH=$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUT"
+step_wheels() { bash bench/gpu_wheels.sh --install "$WHEELS"; }
 step_env() {
     uname -a; nproc; free -g | head -2; nvidia-smi 2>&1 | head -15
     $PY -c "import sys, torch, numpy; print(sys.version, torch.__version__, torch.version.cuda, numpy.__version__)"
@@ -29,6 +36,10 @@ step_env() {
 }
 step_aoti_check() { $PY -m bench.gpu_aoti_check --out "$OUT/aoti-check"; }
 step_protocol() { SERVE_ARGS="$NATIVE" bash bench/gpu_protocol.sh "$OUT/protocol" "${USERS:-128}" "${RUNS:-1}"; }
+step_protocol_eager() {
+    HSTU_REPLAY_CUDA_GRAPHS=0 SERVE_ARGS="$NATIVE" bash bench/gpu_protocol.sh "$OUT/protocol-eager" "${USERS:-128}" 1
+}
+step_gpu_tests() { $PY -m pytest -q -p no:cacheprovider tests/server/test_step_graphs.py; }
 step_protocol_pyt() { CONFIGS=kuairand-1k bash bench/gpu_protocol.sh "$OUT/protocol-pyt" "${USERS:-128}" 1; }
 step_protocol_aoti() {  # not where aoti-check (when run before) loaded no package compiled for the GPU
     [ ! -f "$OUT/aoti-check/aoti_check.json" ] ||
@@ -37,20 +48,23 @@ step_protocol_aoti() {  # not where aoti-check (when run before) loaded no packa
         { echo "skipped: no GPU package loaded in aoti-check"; return 1; }
     ENGINE=aoti CONFIGS=kuairand-1k SERVE_ARGS="$NATIVE" bash bench/gpu_protocol.sh "$OUT/protocol-aoti" "${USERS:-128}" 1
 }
-step_profile() {
-    local cfg=${PROFILE_CONFIG:-kuairand-1k} H G M C server frontend
-    for frontend in python-backend pytriton; do
+step_profile() {  # the Python-backend frontend with CUDA graphs, then without; phase lines in the server logs
+    local cfg=${PROFILE_CONFIG:-kuairand-1k} H G M C server variant
+    for variant in graphs eager; do
+        export HSTU_REPLAY_CUDA_GRAPHS=$( [ $variant = graphs ] && echo 1 || echo 0 )
+        export HSTU_REPLAY_BACKEND_PHASES=4  # the warm-up's 4 calls, then cold and cached calls apart
         read -r H G M C < <($PY -c "from hstu_replay.process import free_ports; print(*free_ports(4))")
         $PY -m hstu_replay.cli server serve --engine batched --config "$cfg" --dtype "${DTYPE:-bfloat16}" \
-            --device "$DEVICE" --frontend $frontend --http-port "$H" --grpc-port "$G" --metrics-port "$M" \
-            --cache-metrics-port "$C" >"$OUT/profile-$frontend.log" 2>&1 &
+            --device "$DEVICE" $NATIVE --http-port "$H" --grpc-port "$G" --metrics-port "$M" \
+            --cache-metrics-port "$C" >"$OUT/profile-$variant.log" 2>&1 &
         server=$!
-        $PY -m hstu_replay.cli server wait --http-port "$H" --pid $server --log "$OUT/profile-$frontend.log" \
-            --timeout 180 && echo "== profile, $frontend frontend" &&
+        $PY -m hstu_replay.cli server wait --http-port "$H" --pid $server --log "$OUT/profile-$variant.log" \
+            --timeout 180 && echo "== profile, Python backend, CUDA graphs $variant" &&
             $PY -m bench.gpu_serving_profile --grpc-port "$G" --http-port "$H" --config "$cfg" --device "$DEVICE" \
                 --dtype "${DTYPE:-bfloat16}" --history "${HISTORY:-4096}" --candidates "${CANDIDATES:-100}" \
-                --calls "${CALLS:-12}" --out "$OUT/profile-$frontend"
+                --calls "${CALLS:-12}" --out "$OUT/profile-$variant"
         kill -INT $server; wait $server
+        grep "^phases" "$OUT/profile-$variant.log"
     done
 }
 step_locust() { SERVE_ARGS="$NATIVE" bash bench/gpu_locust.sh "$OUT/locust"; }

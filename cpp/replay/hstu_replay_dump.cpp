@@ -175,14 +175,22 @@ std::unique_ptr<torch::inductor::AOTIModelPackageLoader> load_package(const std:
   }
 }
 
-// The package's logits for one dumped batch.
+// The device the package was compiled for (its AOTI_DEVICE_KEY metadata; the CPU when it names none).
+c10::Device package_device(torch::inductor::AOTIModelPackageLoader& loader) {
+  const auto metadata = loader.get_metadata();
+  const auto found = metadata.find("AOTI_DEVICE_KEY");
+  return c10::Device(found == metadata.end() || found->second.empty() ? std::string("cpu") : found->second);
+}
+
+// The package's logits for one dumped batch (inputs moved to the package's device, logits back on the CPU).
 at::Tensor run_batch(torch::inductor::AOTIModelPackageLoader& loader, const fs::path& dir, const std::string& batch) {
-  at::Tensor values = read_input(dir / (batch + "_values.pt"));
-  at::Tensor lengths = read_input(dir / (batch + "_lengths.pt"));
-  at::Tensor num_candidates = read_input(dir / (batch + "_num_candidates.pt"));
+  const c10::Device device = package_device(loader);
+  at::Tensor values = read_input(dir / (batch + "_values.pt")).to(device);
+  at::Tensor lengths = read_input(dir / (batch + "_lengths.pt")).to(device);
+  at::Tensor num_candidates = read_input(dir / (batch + "_num_candidates.pt")).to(device);
   try {
     c10::InferenceMode guard;
-    return loader.run({values, lengths, num_candidates}).at(0).to(at::kFloat);
+    return loader.run({values, lengths, num_candidates}).at(0).to(at::kCPU).to(at::kFloat);
   } catch (const std::exception& e) {
     throw Failure(batch + ": the package failed (" + error_text(e) + ")");
   }

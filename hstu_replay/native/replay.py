@@ -212,14 +212,17 @@ def _run(command: list[str], dump_dir: str | Path, timeout: float) -> subprocess
     except subprocess.TimeoutExpired:
         raise HstuReplayError(f"the C++ replay of {dump_dir} did not finish within {timeout:g} s") from None
     if proc.returncode not in (0, 2):
-        raise InputError(_failure_line(proc))
+        raise InputError(failure_line(proc))
     return proc
 
 
-def _failure_line(proc: subprocess.CompletedProcess[str]) -> str:
-    if proc.returncode < 0:
-        return f"{BINARY_NAME} was killed by signal {-proc.returncode}"
+def failure_line(proc: subprocess.CompletedProcess[str]) -> str:
+    """One line for a failed run: its own error line, or the signal that killed it and its last words
+    (an abort's `terminate called ...` / `what(): ...`)."""
     lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+    if proc.returncode < 0:
+        said = [line for line in lines if "what():" in line] or lines
+        return f"{BINARY_NAME} was killed by signal {-proc.returncode}" + (f": {said[-1]}" if said else "")
     mine = [line for line in lines if line.startswith(f"{BINARY_NAME}: ")]
     line = (mine or lines or [f"{BINARY_NAME} exited with status {proc.returncode}"])[-1]
     return line.replace(f"{BINARY_NAME}: error: ", f"{BINARY_NAME}: ", 1)  # the CLI says "error:" itself

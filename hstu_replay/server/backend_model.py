@@ -20,7 +20,9 @@ import threading
 import triton_python_backend_utils as pb_utils
 
 from hstu_replay.interface import INTERFACES
+from hstu_replay.server.batched import BatchedEngine
 from hstu_replay.server.native import PARAMETER, BackendSettings
+from hstu_replay.server.phases import NO_CLOCK, PhaseClock, phases_every
 from hstu_replay.server.serve import ServeOptions, control_outputs, infer_outputs, start_cache_metrics, wants_clear
 
 CONTROL_TIMEOUT_S = 30.0
@@ -44,17 +46,21 @@ class Ranking:
     def __init__(self, settings: BackendSettings) -> None:
         self.interface = next(i for i in INTERFACES.values() if i.model_name == settings.model)
         self.engine = self.build(settings)
+        self.clock = PhaseClock(settings.model, phases_every())
+        if isinstance(self.engine, BatchedEngine):
+            self.engine.clock = self.clock
 
     def build(self, settings: BackendSettings):
         return build_engines(settings, 0).uncached
 
     def answer(self, request) -> dict:
         inputs = {}
-        for spec in self.interface.inputs:
-            tensor = pb_utils.get_input_tensor_by_name(request, spec.name)
-            if tensor is not None:
-                inputs[spec.name] = tensor.as_numpy()
-        return infer_outputs(self.engine, inputs, self.interface, self.with_cache_outputs)
+        with self.clock.phase("inputs"):
+            for spec in self.interface.inputs:
+                tensor = pb_utils.get_input_tensor_by_name(request, spec.name)
+                if tensor is not None:
+                    inputs[spec.name] = tensor.as_numpy()
+        return infer_outputs(self.engine, inputs, self.interface, self.with_cache_outputs, self.clock)
 
     def close(self) -> None:
         pass
@@ -92,6 +98,8 @@ class CachedRanking(Ranking):
 class Control:
     """The control model: the cached model's counters, after emptying its cache when CLEAR is 1."""
 
+    clock = NO_CLOCK
+
     def __init__(self, settings: BackendSettings) -> None:
         self.socket_path = settings.control_socket
 
@@ -122,13 +130,16 @@ class TritonPythonModel:
     def execute(self, requests: list) -> list:
         responses = []
         for request in requests:
-            try:
-                outputs = self.role.answer(request)
-            except Exception as exc:  # every failure is the client's answer, never the stub's end
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{type(exc).__name__}: {exc}")))
-                continue
-            responses.append(pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor(name, array) for name, array in outputs.items()]))
+            with self.role.clock.call():
+                try:
+                    outputs = self.role.answer(request)
+                except Exception as exc:  # every failure is the client's answer, never the stub's end
+                    error = pb_utils.TritonError(f"{type(exc).__name__}: {exc}")
+                    responses.append(pb_utils.InferenceResponse(error=error))
+                    continue
+                with self.role.clock.phase("outputs"):
+                    responses.append(pb_utils.InferenceResponse(
+                        output_tensors=[pb_utils.Tensor(name, array) for name, array in outputs.items()]))
         return responses
 
     def finalize(self) -> None:

@@ -10,19 +10,24 @@ only its candidates and copies nothing.
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
+from hstu_replay.cache_ledger import pages
 from hstu_replay.request import RequestTensors, UserRequest
 from hstu_replay.server.config import ModelConfig
 from hstu_replay.server.engine import InferResult, check_fits, history_ids
 from hstu_replay.server.host_tier import HostTierOptions, KVLayout
 from hstu_replay.server.model import ITEM_KIND, HSTUModel, history_kinds
 from hstu_replay.server.paged_attention import WorkPlan, paged_attention
+from hstu_replay.server.phases import NO_CLOCK
 from hstu_replay.server.paged_cache import PagedKVCache, UserPages
+from hstu_replay.server.step_graphs import StepGraphs, StepInputs, StepShape, graphs_enabled
 
 
 class BatchedEngine:
@@ -32,6 +37,9 @@ class BatchedEngine:
         self.cache = cache
         self.device = cache.pool_k.device
         self._lock = threading.Lock()
+        self.table_pages = pages(self.config.max_history_tokens, cache.page_tokens)  # a full user's pages
+        self.graphs = StepGraphs(self.step, self.device) if graphs_enabled(self.device) else None
+        self.clock = NO_CLOCK  # a served model's `PhaseClock` times the forward pass's parts
 
     def infer(self, tensors: RequestTensors) -> InferResult:
         users = tensors.users()
@@ -39,11 +47,13 @@ class BatchedEngine:
         keys = [u.key for u in users]
         totals = [int(t) for t in tensors.total_history_lengths]
         with self._lock:
-            self.cache.check_request(keys, totals)
-            placed = self.cache.begin(keys, totals)
+            with self.clock.phase("engine.cache"):
+                self.cache.check_request(keys, totals)
+                placed = self.cache.begin(keys, totals)
             try:
                 logits = self._forward(users, placed)
-                self.cache.offload(placed)
+                with self.clock.phase("engine.offload"):
+                    self.cache.offload(placed)
             except Exception:
                 for key in keys:  # the ledger already counts these users as held: undo
                     self.cache.forget(key)
@@ -59,41 +69,59 @@ class BatchedEngine:
             self.cache.clear()
 
     def _forward(self, users: list[UserRequest], placed: list[UserPages]) -> np.ndarray:
+        cfg, cache = self.config, self.cache
+        with self.clock.phase("engine.plan"):
+            page = cache.page_tokens
+            hit = np.array([p.hit for p in placed], dtype=np.int64)
+            total = np.array([p.total for p in placed], dtype=np.int64)
+            n_hist, n_cand = total - hit, np.array([len(u.candidates) for u in users], dtype=np.int64)
+            hist_pos = np.concatenate([np.arange(p.hit, p.total) for p in placed])
+            page_table = np.zeros((len(users), max(len(p.pages) for p in placed)), dtype=np.int64)
+            for row, p in zip(page_table, placed):
+                row[:len(p.pages)] = p.pages
+            positions = np.concatenate([hist_pos, np.repeat(total, n_cand)])
+            plan = WorkPlan.plan(hit, n_hist, n_cand, cfg.num_heads)
+            candidates = [np.asarray(u.candidates, dtype=np.int64) for u in users]
+        if self.graphs is not None and not len(hist_pos):  # fully cached: one graph launch
+            shape = StepShape.of(int(n_cand.sum()), len(plan.items), cfg.max_batch, self.table_pages, plan.split)
+            try:
+                with self.clock.phase("engine.graph"):
+                    logits = self.graphs.run(shape, np.concatenate(candidates), positions, page_table, plan.items,
+                                             cache.generation)
+                return logits.reshape(-1, 8)
+            except RuntimeError as exc:  # a capture the device refused: every step runs eagerly from now on
+                print(f"hstu-replay: CUDA graphs off: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
+                self.graphs = None
+        with self.clock.phase("engine.eager"):
+            owner = np.repeat(np.arange(len(users)), n_hist)
+            slots = page_table[owner, hist_pos // page] * page + hist_pos % page
+            ids = [history_ids(u)[p.hit:] for u, p in zip(users, placed) if p.hit < p.total] + candidates
+            kinds = np.concatenate([history_kinds(torch.from_numpy(hist_pos)).numpy(),
+                                    np.full(int(n_cand.sum()), ITEM_KIND, dtype=np.int64)])
+            # one host-to-device copy for every index the forward needs
+            parts = [np.concatenate(ids), kinds, positions, page_table.ravel(), plan.items.ravel(), slots]
+            packed = torch.from_numpy(np.concatenate(parts)).to(self.device, non_blocking=True)
+            ids_t, kinds_t, pos_t, table_t, items_t, slots_t = packed.split([len(part) for part in parts])
+            inputs = StepInputs(ids_t, kinds_t, pos_t, table_t.view(page_table.shape), items_t.view(plan.items.shape))
+            return self.step(inputs, plan.split, slots_t).cpu().numpy().reshape(-1, 8)
+
+    def step(self, inputs: StepInputs, split: bool, slots: Tensor | None = None) -> Tensor:
+        """The forward pass on device tensors: the new history tokens (written to the pool at `slots`)
+        first, then the candidates; returns the candidates' logits (float32, on the device)."""
         cfg, model, cache = self.config, self.model, self.cache
-        page = cache.page_tokens
-        hit = np.array([p.hit for p in placed], dtype=np.int64)
-        total = np.array([p.total for p in placed], dtype=np.int64)
-        n_hist, n_cand = total - hit, np.array([len(u.candidates) for u in users], dtype=np.int64)
-        hist_pos = np.concatenate([np.arange(p.hit, p.total) for p in placed])
-        page_table = np.zeros((len(users), max(len(p.pages) for p in placed)), dtype=np.int64)
-        for row, p in zip(page_table, placed):
-            row[:len(p.pages)] = p.pages
-        owner = np.repeat(np.arange(len(users)), n_hist)
-        slots = page_table[owner, hist_pos // page] * page + hist_pos % page
-        ids = [history_ids(u)[p.hit:] for u, p in zip(users, placed) if p.hit < p.total]
-        ids += [np.asarray(u.candidates, dtype=np.int64) for u in users]
-        kinds = np.concatenate([history_kinds(torch.from_numpy(hist_pos)).numpy(),
-                                np.full(int(n_cand.sum()), ITEM_KIND, dtype=np.int64)])
-        positions = np.concatenate([hist_pos, np.repeat(total, n_cand)])
-        plan = WorkPlan.plan(hit, n_hist, n_cand, cfg.num_heads)
-        # one host-to-device copy for every index the forward needs
-        parts = [np.concatenate(ids), kinds, positions, slots, page_table.ravel(), plan.items.ravel()]
-        packed = torch.from_numpy(np.concatenate(parts)).to(self.device, non_blocking=True)
-        ids_t, kinds_t, pos_t, slots_t, table_t, items_t = packed.split([len(part) for part in parts])
-        page_table_t, items_t = table_t.view(page_table.shape), items_t.view(plan.items.shape)
-        n_hist_all = len(hist_pos)
+        n_hist = 0 if slots is None else len(slots)
         with torch.inference_mode():
-            x = model.embed(ids_t, kinds_t, pos_t)
+            x = model.embed(inputs.ids, inputs.kinds, inputs.positions)
             for layer, pool_k, pool_v in zip(model.layers, cache.pool_k, cache.pool_v):
                 u, v, q, k = F.silu(layer.uvqk(layer.norm_in(x))).split(cfg.attn_dim, dim=-1)
                 q, k, v = (t.unflatten(-1, (cfg.num_heads, cfg.head_dim)) for t in (q, k, v))
-                if n_hist_all:
-                    pool_k.index_copy_(0, slots_t, k[:n_hist_all])
-                    pool_v.index_copy_(0, slots_t, v[:n_hist_all])
-                attn = paged_attention(q, k, v, pool_k, pool_v, page_table_t, plan, items_t, page, cfg.attn_normaliser)
+                if n_hist:
+                    pool_k.index_copy_(0, slots, k[:n_hist])
+                    pool_v.index_copy_(0, slots, v[:n_hist])
+                attn = paged_attention(q, k, v, pool_k, pool_v, inputs.page_table, split, inputs.items,
+                                       cache.page_tokens, cfg.attn_normaliser)
                 x = x + layer.out(layer.norm_attn(attn.flatten(1)) * u)
-            logits = model.head(x[n_hist_all:]).float()
-        return logits.cpu().numpy().reshape(-1, 8)
+            return model.head(x[n_hist:]).float()
 
 
 def build_batched_engine(model: HSTUModel, budget_tokens: int, page_tokens: int,

@@ -33,6 +33,7 @@ from hstu_replay.errors import ServerError
 from hstu_replay.interface import CONTROL_MODEL, KVCACHE, NOCACHE, PYTHON_BACKEND, TensorSpec
 from hstu_replay.process import model_ready
 from hstu_replay.server.host_tier import OFFLOAD_CHUNK_TOKENS, HostTierOptions, OffloadMode
+from hstu_replay.server.phases import phases_every
 from hstu_replay.server.serve import (
     CONTROL_OUTPUTS, ServeOptions, check_ports_free, python_backend_env, run_until_stopped,
 )
@@ -179,6 +180,7 @@ def server_env(libs: Path) -> dict[str, str]:
 def serve_native(base: BackendSettings, options: ServeOptions, stop: threading.Event | None = None) -> None:
     """Run tritonserver on a Python-backend repository until SIGINT/SIGTERM (or `stop`); clean shutdown."""
     check_ports_free(options)
+    phases_every()  # a bad HSTU_REPLAY_BACKEND_PHASES is refused here, before any model loads
     stop = stop or threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -87,11 +87,12 @@ def _index_in_group(counts: np.ndarray) -> np.ndarray:
 
 
 def paged_attention(q: Tensor, k: Tensor, v: Tensor, pool_k: Tensor, pool_v: Tensor, page_table: Tensor,
-                    plan: WorkPlan, items: Tensor, page_tokens: int, normaliser: float) -> Tensor:
+                    split: bool, items: Tensor, page_tokens: int, normaliser: float) -> Tensor:
     """q, k, v [T, H, D] the new tokens' (any strides, last contiguous); pool_k/v [slots, H, D];
-    page_table int [B, pages]; `items` is `plan.items` (any int type) on q's device. Returns [T, H, D] in q's dtype."""
+    page_table int [B, pages]; `items` a `WorkPlan`'s items (any int type; items of no rows do nothing) on
+    q's device and `split` its flag. Returns [T, H, D] in q's dtype."""
     if q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
-        return _triton_attention(q, k, v, pool_k, pool_v, page_table, plan.split, items, page_tokens, normaliser)
+        return _triton_attention(q, k, v, pool_k, pool_v, page_table, split, items, page_tokens, normaliser)
     return reference_attention(q, k, v, pool_k, pool_v, page_table, items, page_tokens, normaliser)
 
 

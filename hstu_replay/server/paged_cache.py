@@ -73,6 +73,7 @@ class PagedKVCache:
         self._pages: dict[int, list[int]] = {}  # key -> its pages, in token order
         self._free: list[int] = []  # a stack of allocated free pages: low pages first
         self.counters = CacheCounters()
+        self.generation = 0  # how many times the pool was (re)allocated: what holds its addresses checks this
         self._grow(min(self.num_pages, request_pages))
 
     @property
@@ -95,6 +96,7 @@ class PagedKVCache:
         for new, pool in zip(grown, (self.pool_k, self.pool_v)):
             new[:, :pool.shape[1]] = pool
         self.pool_k, self.pool_v = grown
+        self.generation += 1
         self._free[:0] = range(to_pages - 1, old - 1, -1)  # under the free ones: used after them
 
     def _reserve(self, needed: int) -> None:

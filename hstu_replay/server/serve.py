@@ -34,6 +34,7 @@ from hstu_replay.interface import CONTROL_MODEL, KVCACHE, NOCACHE, PYTHON_BACKEN
 from hstu_replay.request import RequestTensors
 from hstu_replay.server.batched import BatchedEngine
 from hstu_replay.server.engine import PackagedRanker, RankingEngine
+from hstu_replay.server.phases import NO_CLOCK, PhaseClock
 from hstu_replay.server.tls_proxy import TlsFiles, TlsForwarder
 
 CONTROL_OUTPUTS = ("HIT_TOKENS", "COMPUTED_TOKENS", "EVICTED_USERS", "RESIDENT_TOKENS", "REQUESTS",
@@ -174,10 +175,12 @@ def check_ports_free(options: ServeOptions) -> None:
 
 
 def infer_outputs(engine: RankingEngine, inputs: Mapping[str, np.ndarray], interface: ModelInterface,
-                  with_cache_outputs: bool) -> dict[str, np.ndarray]:
+                  with_cache_outputs: bool, clock: PhaseClock = NO_CLOCK) -> dict[str, np.ndarray]:
     """One request of a ranking model: its input tensors in, its output tensors out (every frontend's)."""
-    tensors = RequestTensors.from_inputs(inputs, interface)
-    result = engine.infer(tensors)
+    with clock.phase("request"):
+        tensors = RequestTensors.from_inputs(inputs, interface)
+    with clock.phase("engine"):
+        result = engine.infer(tensors)
     outputs = {interface.logits_output: result.logits}
     if with_cache_outputs:
         outputs["OUTPUT__1"] = np.full(tensors.batch_size, -1, dtype=np.int64)

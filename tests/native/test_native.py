@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -216,3 +218,16 @@ def test_native_failed_build_reports_the_compiler_error(tmp_path, monkeypatch):
 ])
 def test_native_last_error_line(output, expected):
     assert native.last_error_line(output) == expected
+
+
+def test_an_aborted_replay_keeps_its_last_words():
+    # a real process that aborts as an uncaught C++ exception does: its message, then SIGABRT
+    script = ("import os, sys; sys.stderr.write(\"terminate called after throwing an instance of 'c10::Error'\\n"
+              "  what():  Expected all tensors to be on the same device\\n\"); sys.stderr.flush(); os.abort()")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -6
+    assert native.failure_line(proc) == ("hstu_replay_dump was killed by signal 6: what():  Expected all tensors "
+                                         "to be on the same device")
+    silent = subprocess.run([sys.executable, "-c", "import os; os.abort()"], capture_output=True, text=True,
+                            timeout=60)
+    assert native.failure_line(silent) == "hstu_replay_dump was killed by signal 6"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -191,7 +192,7 @@ def test_paged_attention_on_cpu_is_the_reference(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     case = make_case(past=[10, 0], n_hist=[3, 8], n_cand=[2, 2], page_tokens=8, seed=5)
     plan = case.plan()
-    got = paged_attention(case.q, case.k, case.v, case.pool_k, case.pool_v, case.page_table, plan,
+    got = paged_attention(case.q, case.k, case.v, case.pool_k, case.pool_v, case.page_table, plan.split,
                           torch.from_numpy(plan.items), case.page_tokens, case.normaliser)
     torch.testing.assert_close(got, case.reference(plan), atol=0, rtol=0)
 
@@ -212,12 +213,14 @@ def _kernel_main() -> None:
     results = []
     for spec in KERNEL_CASES:
         case = make_case(**spec)
-        for plan in (case.plan(), case.plan(min_programs=1)):
-            items = torch.from_numpy(plan.items)
-            got = paged_attention(case.q, case.k, case.v, case.pool_k, case.pool_v, case.page_table, plan, items,
-                                  case.page_tokens, case.normaliser)
+        for plan, pad in itertools.product((case.plan(), case.plan(min_programs=1)), (0, 3)):
+            # padded as a CUDA graph pads a step: items of no rows after the real ones
+            items = torch.from_numpy(np.concatenate([plan.items, np.zeros((pad, 7), dtype=plan.items.dtype)]))
+            got = paged_attention(case.q, case.k, case.v, case.pool_k, case.pool_v, case.page_table, plan.split,
+                                  items, case.page_tokens, case.normaliser)
             want = case.reference(plan)
-            results.append({"kernel": "hstu_replay.server.attention_kernel" in sys.modules, "split": plan.split, "cut": bool(np.any(plan.items[:, 5] > 0)),
+            results.append({"kernel": "hstu_replay.server.attention_kernel" in sys.modules, "split": plan.split,
+                            "padded": pad, "cut": bool(np.any(plan.items[:, 5] > 0)),
                             "dtype": str(got.dtype), "shape": list(got.shape), "finite": bool(got.isfinite().all()),
                             "max_diff": float((got.float() - want).abs().max()),
                             "max_diff_dense": float((want - dense(case)).abs().max()),
@@ -233,8 +236,8 @@ def test_the_triton_kernel_equals_the_reference_under_the_interpreter():
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULTS "))
     results = json.loads(line[len("RESULTS "):])
-    assert [r["split"] for r in results] == [True, False, True, False]
-    assert results[0]["cut"] and results[2]["cut"]  # the split plans really cut keys into chunks
+    assert [(r["split"], r["padded"]) for r in results] == [(True, 0), (True, 3), (False, 0), (False, 3)] * 2
+    assert results[0]["cut"] and results[4]["cut"]  # the split plans really cut keys into chunks
     for r in results:
         assert r["kernel"] and r["dtype"] == "torch.float32" and r["finite"], r
         assert r["scale"] > 1e-2, r  # not trivially zero
