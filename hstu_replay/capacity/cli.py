@@ -22,6 +22,11 @@ from hstu_replay.plan.workloads import WORKLOADS, one_of
 NO_SUSTAINABLE_STEP_EXIT = 3
 STEP_TIMEOUT_SLACK_S = 120.0  # Locust start, interface detection, priming and shutdown on top of the stage
 STEP_SECONDS = Option("--step-seconds", "measured seconds per step", 10)
+HOST_BUDGETS = Option("--host-budgets", "host-tier budgets (tokens), comma-separated (0: none; NVIDIA's "
+                                        "cpu_cache_gb is 1 GB)", "")
+OFFLOAD_MODE = Option("--offload-mode", "how the host tier is filled: native (the reference target's default) "
+                                        "or flexkv", "native")
+SERVE_ARGS = Option("--serve-args", 'more `server serve` arguments, e.g. --serve-args="--threads 1"', "")
 
 #: workload options handed to every step as given: capacity option -> Locust option
 PASS_THROUGH = ("--workload", "--store", "--dump-dir", "--triton-url", "--triton-protocol", "--max-history",
@@ -69,6 +74,14 @@ def add_commands(groups) -> None:
     Option("--metrics-url", "Triton's Prometheus endpoint, e.g. 127.0.0.1:8002: per-step queue/compute deltas"
            ).add_to(run)
     Option("--cache-metrics-url", "our target's KV-cache counters, e.g. 127.0.0.1:8003").add_to(run)
+    # per tier budget: the built-in target served with each (GPU, host) pair in turn
+    BUDGETS.add_to(run, help="GPU pool budgets (tokens): search against the built-in target served with each, "
+                             "behind each --host-budgets (needs --repository)", metavar=None)
+    HOST_BUDGETS.add_to(run, help="host-tier budgets (tokens) behind each --budgets (0: none)", text=True)
+    REPOSITORY.add_to(run, default=None, help="model repository of the built-in target, served once per pair of "
+                                              "--budgets and --host-budgets")
+    OFFLOAD_MODE.add_to(run)
+    SERVE_ARGS.add_to(run)
     Option("--out", "output directory", "runs/capacity").add_to(run)
     run.set_defaults(func=_run)
 
@@ -98,12 +111,11 @@ def add_commands(groups) -> None:
     OVER_LIMIT.add_to(natural)
     REBASE_KEEP.add_to(natural, text=True)
     PAGE_TOKENS.add_to(natural, text=True)
-    Option("--host-budgets", "host-tier budgets (tokens): the GPU search runs behind each in turn (0: none; "
-           "NVIDIA's cpu_cache_gb is 1 GB); the computed grid: plan cache-curve --host-budgets",
-           "").add_to(natural, text=True)
-    Option("--offload-mode", "how the host tier is filled: native (the reference target's default) or flexkv",
-           "native").add_to(natural)
-    Option("--serve-args", 'more `server serve` arguments, e.g. --serve-args="--threads 1"', "").add_to(natural)
+    HOST_BUDGETS.add_to(natural, help="host-tier budgets (tokens): the GPU search runs behind each in turn (0: none; "
+                                      "NVIDIA's cpu_cache_gb is 1 GB); the computed grid: plan cache-curve "
+                                      "--host-budgets", text=True)
+    OFFLOAD_MODE.add_to(natural)
+    SERVE_ARGS.add_to(natural)
     Option("--out", "output directory", "runs/capacity-natural").add_to(natural)
     natural.set_defaults(func=_natural)
 
@@ -135,6 +147,35 @@ def _workload_args(args: argparse.Namespace) -> tuple[str, ...]:
         if value is not None:
             out += [flag, str(value)]
     return tuple(out)
+
+
+def _serve_args(text: str) -> tuple[str, ...]:
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as exc:
+        raise ConfigError(f"--serve-args {text!r}: {exc}") from None
+
+
+def _pools(args: argparse.Namespace) -> tuple:
+    """(GPU, host) pairs of --budgets and --host-budgets, checked; () when neither is given."""
+    from hstu_replay.capacity.pools import pool_pairs
+
+    if not args.budgets and not args.host_budgets:
+        return ()
+    if not args.budgets:
+        raise ConfigError("--host-budgets needs --budgets (the GPU pools to serve behind each host budget)")
+    if args.repository is None:
+        raise ConfigError("--budgets needs --repository (the built-in target is served with each pair of pools)")
+    if not Path(args.repository).is_dir():
+        raise ConfigError(f"--repository {args.repository}: no such folder")
+    for flag in ("triton_url", "metrics_url", "cache_metrics_url"):
+        if getattr(args, flag) is not None:
+            raise ConfigError(f"--{flag.replace('_', '-')}: leave it out with --budgets (each pair of pools is "
+                              "served on ports of its own)")
+    gpu = tuple(sorted({int(b) for b in numbers("--budgets", args.budgets, 0, above=True, integral=True)}))
+    host = (tuple(sorted({int(b) for b in numbers("--host-budgets", args.host_budgets, 0, integral=True)}))
+            if args.host_budgets else (0,))
+    return pool_pairs(gpu, host, _offload_mode(args.offload_mode))
 
 
 def plan_from_args(args: argparse.Namespace):
@@ -182,6 +223,7 @@ def plan_from_args(args: argparse.Namespace):
         metrics_url=metrics_url(args.metrics_url) if args.metrics_url else None,
         cache_metrics_url=metrics_url(args.cache_metrics_url) if args.cache_metrics_url else None,
         step_timeout_s=timeout_s,
+        pools=_pools(args), repository=args.repository, serve_args=_serve_args(args.serve_args),
     )
 
 
@@ -189,12 +231,15 @@ def plan_from_args(args: argparse.Namespace):
 
 def _failure_line(data: dict) -> str:
     """One line naming every hit ratio without a sustainable step and why its first step failed."""
+    from hstu_replay.capacity.pools import TargetPools
+
     parts = []
     for r in data["ratios"]:
         if r["sustainable"] is None:
             first = r["steps"][0] if r["steps"] else None
             why = f" (load {first['load']:g}: {'; '.join(first['breaches'])})" if first else ""
-            parts.append(f"{r['hit_ratio']:.2f}{why}")
+            pools = f" with pools {TargetPools(**r['pools']).name}" if r.get("pools") else ""
+            parts.append(f"{r['hit_ratio']:.2f}{pools}{why}")
     return "no step met the SLO at hit ratio " + ", ".join(parts)
 
 
@@ -207,7 +252,10 @@ def _run(args: argparse.Namespace) -> int:
     print(f"hstu-replay: capacity: {len(plan.hit_ratios)} hit ratio(s), up to {len(plan.loads)} step(s) of "
           f"{plan.warmup_seconds:g}+{plan.step_seconds:g} s each ({plan.load_kind.unit}), "
           f"SLO p99 <= {plan.slo.p99_ms:g} ms, error ratio <= {plan.slo.error_ratio:g}", flush=True)
-    result = run_capacity(plan, on_step=lambda ratio, step: print(step_line(ratio, step, plan.out_dir), flush=True))
+    result = run_capacity(plan, on_step=lambda ratio, step: print(step_line(ratio, step, plan.out_dir), flush=True),
+                          on_pools=lambda pools: print(f"hstu-replay: capacity: serving pools of GPU "
+                                                       f"{pools.gpu_tokens:,} and host {pools.host_tokens:,} tokens "
+                                                       f"({pools.offload_mode})", flush=True))
     written = write_capacity(result)
     data = capacity_dict(result)
     print(format_summary(data), flush=True)
@@ -236,10 +284,7 @@ def _natural(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{flag.replace('_', '-')} is required")
     if not Path(args.repository).is_dir():
         raise ConfigError(f"--repository {args.repository}: no such folder")
-    try:
-        serve_args = tuple(shlex.split(args.serve_args))
-    except ValueError as exc:
-        raise ConfigError(f"--serve-args {args.serve_args!r}: {exc}") from None
+    serve_args = _serve_args(args.serve_args)
     batch = number("--batch-size", args.batch_size, 1, integral=True)
     if batch > 8:
         raise ConfigError(f"--batch-size {args.batch_size}: use 1..8")

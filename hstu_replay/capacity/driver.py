@@ -3,6 +3,8 @@
 A step is a subprocess (bounded by a timeout) for one hit ratio and one load; it writes its full
 normal report into `<out>/steps/h<ratio>_<load>/` and the driver reads that report's single bin.
 Triton's Prometheus endpoint is scraped before and after each step (and its gauges while it runs).
+With pools (`capacity.pools`) the whole search runs once per (GPU, host) pair against the reference
+target served with them, its steps under `<out>/pools/g<G>_h<H>/`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from hstu_replay.capacity import metrics
+from hstu_replay.capacity.pools import TargetPools, served
 from hstu_replay.capacity.search import Measurement, RatioResult, Slo, StepResult, step_until_breach, summarize
 from hstu_replay.capacity.step import StepRun, fresh_dir
 from hstu_replay.capacity.workers import DEFAULT_CORE_SHARE
@@ -20,6 +23,7 @@ from hstu_replay.errors import ConfigError, ServerError
 from hstu_replay.loadtest.command import headless_command
 
 STEPS_DIR = "steps"
+POOLS_DIR = "pools"
 
 
 # -- load kinds -------------------------------------------------------------------------------
@@ -76,6 +80,9 @@ class CapacityPlan:
     metrics_url: str | None = None
     cache_metrics_url: str | None = None
     step_timeout_s: float = 130.0
+    pools: tuple[TargetPools, ...] = ()  # serve the reference target with each in turn (none: the given server)
+    repository: str | None = None  # the reference target's model repository, with pools
+    serve_args: tuple[str, ...] = ()  # more `server serve` options, with pools
 
     def step_name(self, ratio: float, load: float) -> str:
         return f"h{ratio:.2f}_{self.load_kind.label(load)}"
@@ -122,15 +129,30 @@ StepRunner = Callable[[CapacityPlan, float, float], Measurement]
 
 
 @dataclass(frozen=True)
+class PoolsResult:
+    """The search at every hit ratio against the target served with one pair of pools."""
+
+    pools: TargetPools
+    ratios: tuple[RatioResult, ...]
+
+
+@dataclass(frozen=True)
 class CapacityResult:
     plan: CapacityPlan
-    ratios: tuple[RatioResult, ...]
+    ratios: tuple[RatioResult, ...]  # with pools: every pair's, in the order of `by_pools`
     created: str
+    by_pools: tuple[PoolsResult, ...] = ()
 
     @property
     def unsustainable(self) -> list[float]:
         """Hit ratios at which no step met the SLO."""
         return [r.hit_ratio for r in self.ratios if r.sustainable is None]
+
+    def pools_of(self) -> list[TargetPools | None]:
+        """The pools each of `ratios` was measured with (None: the given server)."""
+        if not self.by_pools:
+            return [None] * len(self.ratios)
+        return [group.pools for group in self.by_pools for _ in group.ratios]
 
 
 def check_endpoints(plan: CapacityPlan) -> None:
@@ -149,13 +171,36 @@ def check_endpoints(plan: CapacityPlan) -> None:
             raise ConfigError(f"{flag} {url}: no {name} series{what}")
 
 
-def run_capacity(plan: CapacityPlan, run: StepRunner = run_step,
-                 on_step: Callable[[float, StepResult], None] | None = None) -> CapacityResult:
-    """Step the load at every hit ratio until the SLO breaks (at most len(loads) steps each)."""
-    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+def _search(plan: CapacityPlan, run: StepRunner,
+            on_step: Callable[[float, StepResult], None] | None) -> tuple[RatioResult, ...]:
     results = []
     for ratio in plan.hit_ratios:
         report = (lambda step, r=ratio: on_step(r, step)) if on_step else None
         steps = step_until_breach(plan.loads, lambda load, r=ratio: run(plan, r, load), plan.slo, report)
         results.append(summarize(ratio, steps, plan.target_rps))
-    return CapacityResult(plan, tuple(results), created)
+    return tuple(results)
+
+
+def pools_plan(plan: CapacityPlan, pools: TargetPools, grpc_url: str) -> CapacityPlan:
+    """The search against the target served with `pools` at `grpc_url`: steps under its own folder."""
+    return replace(plan, out_dir=plan.out_dir / POOLS_DIR / pools.name, pools=(),
+                   workload_args=(*plan.workload_args, "--triton-url", grpc_url))
+
+
+def run_capacity(plan: CapacityPlan, run: StepRunner = run_step,
+                 on_step: Callable[[float, StepResult], None] | None = None,
+                 on_pools: Callable[[TargetPools], None] | None = None) -> CapacityResult:
+    """Step the load at every hit ratio until the SLO breaks (at most len(loads) steps each); with
+    pools, once per pair against a fresh reference target served with it."""
+    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    if not plan.pools:
+        return CapacityResult(plan, _search(plan, run, on_step), created)
+    groups = []
+    for pools in plan.pools:
+        if on_pools is not None:
+            on_pools(pools)
+        folder = plan.out_dir / POOLS_DIR / pools.name
+        folder.mkdir(parents=True, exist_ok=True)
+        with served(plan.repository, pools, folder / "server.log", plan.serve_args) as server:
+            groups.append(PoolsResult(pools, _search(pools_plan(plan, pools, server.grpc_url), run, on_step)))
+    return CapacityResult(plan, tuple(r for g in groups for r in g.ratios), created, tuple(groups))

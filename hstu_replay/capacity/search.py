@@ -135,6 +135,20 @@ def servers_needed(target_rps: float | None, sustainable_logical_rps: float | No
     return max(1, math.ceil(target_rps / sustainable_logical_rps - _CEIL_SLACK))
 
 
+def slo_crossing(steps: Sequence[StepResult], slo: Slo) -> float | None:
+    """The load at which p99 reaches the SLO, linear between the last passing step and the step
+    that broke it by p99 (a straight line between two measured points: an estimate, not a
+    measurement); None where the search did not break by p99 after a passing step."""
+    passing = [s for s in steps if s.passed]
+    breach = next((s for s in steps if not s.passed), None)
+    if not passing or breach is None:
+        return None
+    low, high = passing[-1].measurement, breach.measurement
+    if low.p99_ms is None or high.p99_ms is None or not low.p99_ms < slo.p99_ms < high.p99_ms:
+        return None  # broken by errors, or with no p99 to interpolate on
+    return low.load + (slo.p99_ms - low.p99_ms) * (high.load - low.load) / (high.p99_ms - low.p99_ms)
+
+
 #: Above this many priming requests per measured one, a ratio's hits came from priming.
 PRIMED = 0.05
 

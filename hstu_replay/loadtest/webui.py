@@ -10,13 +10,15 @@ report written at the end of the run (report.json) once it ended, the live one b
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from flask import Response, request
 
-from hstu_replay.report.html import source_label
+from hstu_replay.report.html import source_label, tiers_section
 from hstu_replay.report.kit import escape
 from hstu_replay.report.summary import goal_name
+from hstu_replay.report.tiers import shows_tiers, tier_columns
 from hstu_replay.report.workers import loss_lines
 
 TAB_KEY = "hstu-hit-ratio"
@@ -43,15 +45,27 @@ def _fmt(x: float | None, spec: str = ".2f") -> str:
 
 
 def rows(report: dict) -> list[dict]:
-    """One row per stage: its bin's figures beside its target, provenance and flags."""
+    """One row per stage: its bin's figures beside its target, provenance and flags; where the run has
+    tiers to speak of (as the HTML report's tier section), the stage's tier columns too."""
     reasons = {s["name"]: "; ".join(f"{f['flag']}: {f['reason']}" for f in s["flags"]) for s in report["stages"]}
+    tiers = {s["name"]: _tier_cells(s) for s in report["stages"]} if shows_tiers(report) else {}
     return [{"bin": b["name"], "safe_name": b["name"], "batch": b["batch_size"], "target": goal_name(b["target_ratio"]),
              "achieved": _fmt(b["achieved_ratio"], ".3f"), "source": source_label(b["hit_source"]),
              "requests": b["requests"], "primes": b["prime_requests"], "rps": _fmt(b["throughput_rps"], ".1f"),
              "server_rps": _fmt(b["server_rps"], ".1f"), "mean": _fmt(b["mean_ms"]), "p50": _fmt(b["p50_ms"]),
              "p99": _fmt(b["p99_ms"]), "speedup": _fmt(b["speedup"]), "mismatches": b["mismatches"],
-             "flags": reasons.get(b["name"]) or "ok"}
+             "flags": reasons.get(b["name"]) or "ok"} | tiers.get(b["name"], {})
             for b in report["bins"]]
+
+
+def _tier_cells(stage: dict) -> dict[str, str]:
+    """A stage's `tier_columns` as the tab shows them: figures to three decimals, empty where unknown."""
+    def cell(value: object) -> str:
+        if isinstance(value, float):
+            return format(value, ".3f") if math.isfinite(value) else ""
+        return "" if value is None else str(value)
+
+    return {k: cell(v) for k, v in tier_columns(stage).items()}
 
 
 def charts_fragment(report: dict | None) -> str:
@@ -62,7 +76,7 @@ def charts_fragment(report: dict | None) -> str:
     workers = "".join(f'<p style="margin:4px 0;color:#c60">{escape(line)}</p>' for line in loss_lines(report))
     return (workers + '<div style="display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start">'
             + "".join(charts(report))
-            + '</div><p style="margin:4px 0 12px">'
+            + "</div>" + "".join(tiers_section(report)) + '<p style="margin:4px 0 12px">'
             '<a style="color:inherit" href="/hstu/report.html" target="_blank" rel="noopener">Full report (HTML)</a>'
             ' &middot; <a style="color:inherit" href="/hstu/report.json" target="_blank" rel="noopener">report.json</a>'
             "</p>")

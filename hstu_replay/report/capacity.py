@@ -16,7 +16,8 @@ from typing import Any
 
 import hstu_replay
 from hstu_replay.capacity.driver import CapacityPlan, CapacityResult
-from hstu_replay.capacity.search import RatioResult, StepResult
+from hstu_replay.capacity.pools import TargetPools
+from hstu_replay.capacity.search import RatioResult, StepResult, slo_crossing
 from hstu_replay.capacity.workers import MASTER_NOTE, plan_workers
 from hstu_replay.report import kit, plots
 from hstu_replay.report.kit import NO_VALUE, escape, fmt, grid, page, png_img
@@ -59,11 +60,12 @@ def _pick(step: StepResult | None, *keys: str) -> dict | None:
     return {"load": m.load, "passed": step.passed, **{k: getattr(m, k) for k in keys}}
 
 
-def _ratio(r: RatioResult, plan: CapacityPlan) -> dict:
+def _ratio(r: RatioResult, plan: CapacityPlan, pools: TargetPools | None) -> dict:
     stopped = r.stopped_at
     workers = plan_workers(r, plan.batch_size, plan.target_rps, plan.worker_cpu_share)
     return {
         "hit_ratio": r.hit_ratio,
+        "pools": None if pools is None else pools.as_dict(),
         "steps": [_step(s, plan.out_dir) for s in r.steps],
         "sustainable": _pick(r.sustainable, "throughput_rps", "logical_throughput", "p99_ms", "error_ratio",
                              "server_rps", "primes_per_request"),
@@ -73,6 +75,7 @@ def _ratio(r: RatioResult, plan: CapacityPlan) -> dict:
         "servers_needed_basis": SERVERS_BASIS.get(r.hits_from),
         "workers": None if workers is None else asdict(workers),
         "stopped_at": None if stopped is None else stopped.load,
+        "slo_crossing": slo_crossing(r.steps, plan.slo),
     }
 
 
@@ -89,8 +92,9 @@ def capacity_dict(result: CapacityResult) -> dict:
         "step_timeout_s": p.step_timeout_s, "target_rps": p.target_rps, "worker_cpu_share": p.worker_cpu_share,
         "workload_args": list(p.workload_args), "locust_args": list(p.locust_args),
         "metrics_url": p.metrics_url, "cache_metrics_url": p.cache_metrics_url,
+        "pools": [pools.as_dict() for pools in p.pools], "repository": p.repository, "serve_args": list(p.serve_args),
         "passed": not result.unsustainable, "unsustainable": result.unsustainable,
-        "ratios": [_ratio(r, p) for r in result.ratios],
+        "ratios": [_ratio(r, p, pools) for r, pools in zip(result.ratios, result.pools_of())],
     })
 
 
@@ -111,12 +115,26 @@ SERVERS_BASIS = {
 }
 
 
+POOLS_HEADER = ["GPU tokens", "host tokens"]
+
+
+def _pools_cells(data: dict, ratio: dict) -> list[str]:
+    """The GPU and host pools a ratio was measured with, where the run served pools; else nothing."""
+    if not data["pools"]:
+        return []
+    return [f"{ratio['pools']['gpu_tokens']:,}", f"{ratio['pools']['host_tokens']:,}"]
+
+
+def _pools_header(data: dict) -> list[str]:
+    return list(POOLS_HEADER) if data["pools"] else []
+
+
 def summary_table(data: dict) -> list[list[str]]:
-    """Header plus one row per hit ratio: sustainable load and throughput, knee, fleet size."""
-    rows = [list(SUMMARY_HEADER)]
+    """Header plus one row per hit ratio (and pools): sustainable load and throughput, knee, fleet size."""
+    rows = [_pools_header(data) + SUMMARY_HEADER]
     for r in data["ratios"]:
         s, k = r["sustainable"] or {}, r["knee"] or {}
-        rows.append([f"{r['hit_ratio']:.2f}", _load(s.get("load")), fmt(s.get("throughput_rps"), ".1f"),
+        rows.append([*_pools_cells(data, r), f"{r['hit_ratio']:.2f}", _load(s.get("load")), fmt(s.get("throughput_rps"), ".1f"),
                      fmt(s.get("logical_throughput"), ".1f"), fmt(s.get("server_rps"), ".1f"),
                      fmt(s.get("p99_ms"), ".2f"),
                      _load(k.get("load")) + ("" if not k or k["passed"] else " (breach)"),
@@ -164,7 +182,30 @@ def step_row(hit_ratio: float, step: dict) -> list[str]:
 
 
 def steps_table(data: dict) -> list[list[str]]:
-    return [list(STEPS_HEADER)] + [step_row(r["hit_ratio"], s) for r in data["ratios"] for s in r["steps"]]
+    return [_pools_header(data) + STEPS_HEADER] + [_pools_cells(data, r) + step_row(r["hit_ratio"], s)
+                                                   for r in data["ratios"] for s in r["steps"]]
+
+
+def pools_table(data: dict) -> list[list[str]]:
+    """Header plus one row per (pools, hit ratio): the load one server (one GPU) carried within the
+    SLO, measured (the sustainable step) and interpolated to where p99 meets the SLO; [] without pools."""
+    if not data["pools"]:
+        return []
+    unit = data["load"]["unit"]
+    rows = [[*POOLS_HEADER, "hit ratio", f"{unit} per GPU", "at the SLO (interpolated)", "logical/s", "p99 ms",
+             "stopped at"]]
+    for r in data["ratios"]:
+        s = r["sustainable"] or {}
+        rows.append([*_pools_cells(data, r), f"{r['hit_ratio']:.2f}", _load(s.get("load")),
+                     fmt(r["slo_crossing"], ".1f"), fmt(s.get("logical_throughput"), ".1f"),
+                     fmt(s.get("p99_ms"), ".2f"), _load(r["stopped_at"])])
+    return rows
+
+
+POOLS_NOTE = ("Per tier budget: the reference target served with each (GPU, host) pair in turn, one server "
+              "standing for one GPU. Per GPU: the sustainable step's load, measured; at the SLO: the load where "
+              "p99 meets the SLO on a straight line between the last passing step and the step that broke it "
+              "(an estimate; empty where the search did not break by p99 after a passing step).")
 
 
 def step_line(hit_ratio: float, step: StepResult, out_dir: Path) -> str:
@@ -190,7 +231,7 @@ def capacity_csv(data: dict) -> str:
         best, knee = (r["sustainable"] or {}).get("load"), (r["knee"] or {}).get("load")
         for s in r["steps"]:
             m = s.get("metrics") or {}
-            rows.append({"hit_ratio": r["hit_ratio"], **{k: s[k] for k in STEP_FIELDS},
+            rows.append({**(r.get("pools") or {}), "hit_ratio": r["hit_ratio"], **{k: s[k] for k in STEP_FIELDS},
                          "breaches": "; ".join(s["breaches"]), "sustainable": s["load"] == best,
                          "knee": s["load"] == knee, "servers_needed": r["servers_needed"],
                          "workers_needed": (r["workers"] or {}).get("workers"),
@@ -209,9 +250,15 @@ def capacity_csv(data: dict) -> str:
 
 # -- plots ------------------------------------------------------------------------------------
 
-def _series(data: dict, key: str) -> list[tuple[float, list[tuple[float, float, bool]]]]:
-    """Per hit ratio: (load, value, passed) of every step with a value."""
-    return [(r["hit_ratio"], [(s["load"], s[key], s["passed"]) for s in r["steps"] if s[key] is not None])
+def series_label(ratio: dict) -> str:
+    """A hit ratio's name in plots and lines: 'hit ratio 0.80', with its pools where the run served pools."""
+    pools = ratio.get("pools")
+    return f"hit ratio {ratio['hit_ratio']:.2f}" + (f" {TargetPools(**pools).name}" if pools else "")
+
+
+def _series(data: dict, key: str) -> list[tuple[str, list[tuple[float, float, bool]]]]:
+    """Per hit ratio (and pools): its label and (load, value, passed) of every step with a value."""
+    return [(series_label(r), [(s["load"], s[key], s["passed"]) for s in r["steps"] if s[key] is not None])
             for r in data["ratios"]]
 
 
@@ -230,12 +277,12 @@ def _plot(data: dict, key: str, title: str, ylabel: str, decorate: Callable[[Any
     ax.set_xticks(loads, labels=[f"{x:g}" for x in loads])
     ax.xaxis.set_minor_locator(NullLocator())
     drawn = False
-    for i, (ratio, points) in enumerate(_series(data, key)):
+    for i, (label, points) in enumerate(_series(data, key)):
         if not points:
             continue
         color = f"C{i % 10}"
         ax.plot([x for x, _, _ in points], [y for _, y, _ in points], color=color, marker="o",
-                label=f"hit ratio {ratio:.2f}")
+                label=label)
         breached = [(x, y) for x, y, ok in points if not ok]
         if breached:
             ax.plot(*zip(*breached), linestyle="none", marker="X", markersize=11, color=color)
@@ -322,6 +369,11 @@ def render_html(data: dict, pngs: dict[str, bytes]) -> str:
                 ["warm-up seconds", data["warmup_seconds"]], ["target logical requests/s", data["target_rps"]],
                 ["share of a core per Locust worker", data["worker_cpu_share"]],
                 ["workload", " ".join(data["workload_args"])], ["Locust arguments", " ".join(data["locust_args"])]]
+    if data["pools"]:
+        settings += [["pools (GPU, host tokens)", ", ".join(f"({p['gpu_tokens']:,}, {p['host_tokens']:,})"
+                                                            for p in data["pools"])],
+                     ["offload mode", data["pools"][0]["offload_mode"]], ["repository", data["repository"]],
+                     ["server arguments", " ".join(data["serve_args"])]]
     images = "".join(png_img(name, png) for name, png in pngs.items())
     metrics_rows = _metrics_rows(data)
     sections = [
@@ -337,6 +389,8 @@ def render_html(data: dict, pngs: dict[str, bytes]) -> str:
         grid(summary_table(data), text_cols=1),
         "".join(f"<p>{escape(line)}</p>" for line in worker_lines(data)),
         images or "<p>Plots unavailable (matplotlib not installed).</p>",
+        *((f"<h2>Users per GPU per tier budget</h2><p>{escape(POOLS_NOTE)}</p>", grid(pools_table(data), text_cols=2))
+          if data["pools"] else ()),
         "<h2>Steps</h2>", grid(steps_table(data), text_cols=1, text_last=True),
         "<h2>Server metrics per step (Prometheus deltas)</h2>",
         (grid(metrics_rows, text_cols=1) if len(metrics_rows[0]) > 2
@@ -366,5 +420,6 @@ def write_capacity(result: CapacityResult) -> dict[str, Path]:
 def format_summary(data: dict) -> str:
     notes = [f"hits from {kind}: {basis}" for kind, basis in SERVERS_BASIS.items()
              if any(r.get("hits_from") == kind for r in data["ratios"])]
-    return "\n".join([format_table(summary_table(data)), *notes, *worker_lines(data)])
+    pools = ["", "per tier budget (one server = one GPU):", format_table(pools_table(data))] if data["pools"] else []
+    return "\n".join([format_table(summary_table(data)), *notes, *worker_lines(data), *pools])
 

@@ -189,6 +189,13 @@ TIERS_NOTE = ("<p>Token hit ratio per tier (reused tokens found on the GPU, onbo
               "HOST_CACHED_TOKENS, else the client's two-tier model.</p>")
 
 
+def tiers_section(report: dict) -> list[str]:
+    """The cache-tier heading, note and table where the run has tiers to speak of; else nothing."""
+    if not shows_tiers(report):
+        return []
+    return ["<h2>Cache tiers: GPU hit, host hit, miss</h2>", TIERS_NOTE, grid(tier_table(report))]
+
+
 def render_html(report: dict) -> str:
     """The whole page."""
     run = report.get("run") or {}
@@ -202,8 +209,7 @@ def render_html(report: dict) -> str:
         f'<div class="charts">{"".join(charts(report))}</div>',
         grid(latency),
         "<h2>Stages: target vs achieved hit ratio</h2>", _stages(report["stages"]),
-        *(("<h2>Cache tiers: GPU hit, host hit, miss</h2>", TIERS_NOTE, grid(tier_table(report)))
-          if shows_tiers(report) else ()),
+        *tiers_section(report),
         *(natural_html(report["natural"]) if report.get("natural") else ()),
         *workers_html(report),
         "<h2>Flags</h2>", _flags(report["stages"]),

@@ -65,6 +65,26 @@ def stage_tiers(s: BinStats, target_mix: dict | None = None) -> dict:
     }
 
 
+def mix_text(mix: dict | None) -> str:
+    """A mix as --tier-mix spells it ('gpu:0.6,host:0.3,miss:0.1'); empty for none."""
+    return ",".join(f"{k}:{v:g}" for k, v in mix.items()) if mix else ""
+
+
+#: A stage's tier figures as flat columns (report.csv and the web tab), in this order.
+TIER_COLUMNS = ("tier_source", "tier_gpu_ratio", "tier_host_ratio", *(f"tier_mix_{t.value}" for t in Tier),
+                "tier_target_mix", "tier_mix_distance")
+
+
+def tier_columns(stage: dict) -> dict[str, object]:
+    """`TIER_COLUMNS` of one report stage: where its figures come from, the token hit ratio per tier,
+    the share of users per tier, the target mix and the largest gap to it (None where not known)."""
+    t = stage.get("tiers") or {}
+    mix = t.get("mix") or {}
+    figures = [t.get("source"), t.get("gpu_ratio"), t.get("host_ratio"), *(mix.get(tier.value) for tier in Tier),
+               mix_text(t.get("target_mix")) or None, t.get("mix_distance")]
+    return dict(zip(TIER_COLUMNS, figures))
+
+
 SOURCE_MARK = {"observed": "server", "predicted": "model", None: NO_VALUE}
 TIER_HEADER = ["batch", "target", "gpu hit", "host hit", "from", "mix gpu", "mix host", "mix miss", "target mix",
                "p50 ms", "p99 ms", "ms/logical"]
@@ -83,7 +103,7 @@ def tier_table(report: dict) -> list[list[str]]:
             NO_VALUE if stage["target_ratio"] is None else f"{stage['target_ratio']:g}",
             fmt(t["gpu_ratio"], ".3f"), fmt(t["host_ratio"], ".3f"), SOURCE_MARK[t["source"]],
             *(fmt(t["mix"][tier.value], ".3f") for tier in Tier),
-            ",".join(f"{k}:{v:g}" for k, v in target.items()) if target else NO_VALUE,
+            mix_text(target) or NO_VALUE,
             fmt(b["p50_ms"], ".2f"), fmt(b["p99_ms"], ".2f"), fmt(b["ms_per_logical_request"], ".3f"),
         ])
     return rows

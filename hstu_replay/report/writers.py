@@ -17,6 +17,7 @@ from pathlib import Path
 from hstu_replay.errors import ConfigError
 from hstu_replay.report import plots
 from hstu_replay.report.html import render_html
+from hstu_replay.report.tiers import TIER_COLUMNS, shows_tiers, tier_columns
 
 JSON_NAME = "report.json"
 CSV_NAME = "report.csv"
@@ -63,18 +64,22 @@ def _csv_value(value: object) -> object:
 
 
 def report_csv(report: dict) -> str:
-    """One row per bin: the bin's fields, then the server's figures as server_<key>."""
+    """One row per bin: the bin's fields, its stage's tier columns where the run has tiers to speak
+    of (as the HTML report's tier section), then the server's figures as server_<key>."""
     bins = report["bins"]
     fields = [k for k in (bins[0] if bins else {}) if k != "server"]
+    tiers = list(TIER_COLUMNS) if shows_tiers(report) else []
+    stages = {s["name"]: tier_columns(s) for s in report.get("stages", [])}
     server_keys: list[str] = []
     for b in bins:
         server_keys += [k for k in (b.get("server") or {}) if k not in server_keys]
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(fields + [f"server_{k}" for k in server_keys])
+    w.writerow(fields + tiers + [f"server_{k}" for k in server_keys])
     for b in bins:
         server = b.get("server") or {}
-        w.writerow([_csv_value(b.get(k)) for k in fields]
+        stage = stages.get(b["name"], {})
+        w.writerow([_csv_value(b.get(k)) for k in fields] + [_csv_value(stage.get(k)) for k in tiers]
                    + [_csv_value(server.get(k)) for k in server_keys])
     return buf.getvalue()
 

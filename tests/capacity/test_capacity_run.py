@@ -48,6 +48,14 @@ def parse(*argv: str):
     (["--slo-p99-ms", "50", "--users-steps", "1", "--locust-args", "--tags 'a"], "--locust-args"),
     (["--slo-p99-ms", "50", "--users-steps", "1", "--step-timeout", "5"], "must exceed"),
     (["--slo-p99-ms", "50", "--users-steps", "1", "--metrics-url", "ftp://x"], "metrics address"),
+    (["--slo-p99-ms", "50", "--users-steps", "1", "--host-budgets", "9000"], "--host-budgets needs --budgets"),
+    (["--slo-p99-ms", "50", "--users-steps", "1", "--budgets", "3000"], "--budgets needs --repository"),
+    (["--slo-p99-ms", "50", "--users-steps", "1", "--budgets", "3000", "--repository", "/no/such"], "no such folder"),
+    (["--slo-p99-ms", "50", "--users-steps", "1", "--budgets", "3000", "--repository", ".", "--triton-url",
+      "127.0.0.1:1"], "--triton-url: leave it out with --budgets"),
+    (["--slo-p99-ms", "50", "--users-steps", "1", "--budgets", "3000,x", "--repository", "."], "--budgets"),
+    (["--slo-p99-ms", "50", "--users-steps", "1", "--budgets", "3000", "--repository", ".", "--offload-mode",
+      "lazy"], "--offload-mode 'lazy'"),
 ])
 def test_bad_options_are_one_line_and_exit_2(argv, message, capsys):
     code = main(["capacity", "run", "--store", "s", *argv])
@@ -155,6 +163,67 @@ def test_result_files_from_scripted_steps(tmp_path):
     if plots.available():
         assert (tmp_path / "capacity_p99.png").read_bytes()[:4] == b"\x89PNG"
         assert page.count("data:image/png;base64,") == 2
+
+
+def test_pools_are_every_gpu_and_host_pair():
+    plan = parse("--slo-p99-ms", "50", "--users-steps", "1,2", "--store", "s", "--budgets", "6000,3000",
+                 "--host-budgets", "9000,0", "--repository", ".", "--offload-mode", "flexkv",
+                 "--serve-args", "--threads 1")
+    assert [(p.gpu_tokens, p.host_tokens, p.offload_mode) for p in plan.pools] == [
+        (3000, 0, "flexkv"), (3000, 9000, "flexkv"), (6000, 0, "flexkv"), (6000, 9000, "flexkv")]
+    assert plan.pools[1].serve_args() == ("--cache-budget-tokens", "3000", "--host-budget-tokens", "9000",
+                                          "--offload-mode", "flexkv")
+    assert plan.serve_args == ("--threads", "1") and plan.repository == "."
+    assert parse("--slo-p99-ms", "50", "--users-steps", "1", "--store", "s").pools == ()
+
+
+def test_the_result_per_tier_budget(tmp_path):
+    """Per (GPU, host) pair: users per GPU measured and interpolated to the SLO, from hand-worked steps."""
+    from hstu_replay.capacity.driver import PoolsResult, CapacityResult
+    from hstu_replay.capacity.search import step_until_breach, summarize
+
+    plan = parse("--slo-p99-ms", "100", "--users-steps", "1,2,4", "--hit-ratios", "0.8", "--store", "s",
+                 "--budgets", "3000", "--host-budgets", "0,9000", "--repository", ".", "--out", str(tmp_path))
+    no_host, host = plan.pools
+    # without a host tier: p99 60 ms at 2 users, 130 ms at 4 -> 2 + (100 - 60) * 2 / 70 = 3.14 users;
+    # with one: every step passes, no crossing
+    curves = {no_host: {1: (20, 30, 40), 2: (30, 45, 60), 4: (32, 90, 130)},
+              host: {1: (22, 28, 35), 2: (40, 35, 50), 4: (70, 45, 80)}}
+    groups = []
+    for pools, curve in curves.items():
+        run = scripted({(0.8, load): figures for load, figures in curve.items()})
+        steps = step_until_breach(plan.loads, lambda load: run(plan, 0.8, load), plan.slo)
+        groups.append(PoolsResult(pools, (summarize(0.8, steps, None),)))
+    result = CapacityResult(plan, tuple(r for g in groups for r in g.ratios), "now", tuple(groups))
+    written = capacity_report.write_capacity(result)
+    data = json.loads((tmp_path / "capacity.json").read_text())
+    assert data["pools"] == [{"gpu_tokens": 3000, "host_tokens": 0, "offload_mode": "native"},
+                             {"gpu_tokens": 3000, "host_tokens": 9000, "offload_mode": "native"}]
+    first, second = data["ratios"]
+    assert first["pools"]["host_tokens"] == 0 and second["pools"]["host_tokens"] == 9000
+    assert (first["sustainable"]["load"], first["stopped_at"]) == (2, 4)
+    assert first["slo_crossing"] == pytest.approx(2 + 40 * 2 / 70)
+    assert (second["sustainable"]["load"], second["stopped_at"], second["slo_crossing"]) == (4, None, None)
+    table = capacity_report.pools_table(data)
+    assert table[0][:5] == ["GPU tokens", "host tokens", "hit ratio", "concurrent users per GPU",
+                            "at the SLO (interpolated)"]
+    assert table[1][:7] == ["3,000", "0", "0.80", "2", "3.1", "30.0", "60.00"]
+    assert table[2][:7] == ["3,000", "9,000", "0.80", "4", "-", "70.0", "80.00"]
+    summary = capacity_report.format_summary(data)
+    assert "per tier budget (one server = one GPU):" in summary
+    assert capacity_report.summary_table(data)[0][:3] == ["GPU tokens", "host tokens", "hit ratio"]
+    page = written["html"].read_text()
+    assert "Users per GPU per tier budget" in page and "(3,000, 9,000)" in page
+    rows = list(csv.DictReader((tmp_path / "capacity.csv").open()))
+    assert [(r["gpu_tokens"], r["host_tokens"], r["load"]) for r in rows] == [
+        ("3000", "0", "1"), ("3000", "0", "2"), ("3000", "0", "4"), ("3000", "9000", "1"), ("3000", "9000", "2"),
+        ("3000", "9000", "4")]
+    plain = capacity_report.capacity_dict(run_capacity(parse("--slo-p99-ms", "100", "--users-steps", "1",
+                                                             "--hit-ratios", "0.8", "--store", "s",
+                                                             "--out", str(tmp_path / "plain")),
+                                                       scripted({(0.8, 1): (20, 30, 40)})))
+    assert plain["pools"] == [] and capacity_report.pools_table(plain) == []
+    assert "per tier budget" not in capacity_report.format_summary(plain)
 
 
 # -- real runs (integration) ------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hstu_replay.capacity.search import (
-    Measurement, Slo, breaches, knee, servers_needed, step_until_breach, summarize, sustainable,
+    Measurement, Slo, breaches, knee, servers_needed, slo_crossing, step_until_breach, summarize, sustainable,
 )
 
 SLO = Slo(p99_ms=100.0, error_ratio=0.01)
@@ -113,3 +113,14 @@ def test_on_step_sees_every_step_in_order():
     seen = []
     step_until_breach([1, 2, 4, 8, 16], CURVE.__getitem__, SLO, seen.append)
     assert [s.load for s in seen] == [1, 2, 4, 8]
+
+
+def test_the_slo_crossing_lies_on_the_line_between_the_last_pass_and_the_breach():
+    steps, _ = search()  # 4 users: p99 99 ms (passes), 8 users: 250 ms (breaks 100 ms)
+    assert slo_crossing(steps, SLO) == pytest.approx(4 + (100 - 99) * (8 - 4) / (250 - 99))  # 4.026
+    assert slo_crossing(search({1: m(1, 10, 50, 40), 2: m(2, 18, 60, 60), 4: m(4, 20, 90, 130)})[0],
+                        SLO) == pytest.approx(2 + 40 * 2 / 70)
+    assert slo_crossing(search({1: m(1, 10, 50, 80), 2: m(2, 18, 60, 90)})[0], SLO) is None  # never broke
+    assert slo_crossing(search({1: m(1, 10, 50, 180)})[0], SLO) is None  # no step passed
+    errors = {1: m(1, 10, 50, 80), 2: m(2, 18, 60, 90, error_ratio=0.5)}  # broke by errors, p99 within the SLO
+    assert slo_crossing(search(errors)[0], SLO) is None

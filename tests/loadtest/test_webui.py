@@ -57,6 +57,9 @@ def test_a_rerun_from_the_web_ui_starts_clean(triton_server, reference_dumps, tm
         stats = get_json(f"{base}/stats/requests")
         tab = stats["extended_stats"][0]["data"]
         assert [row["bin"] for row in tab] == ["b1_h0.00", "b1_h1.00"]
+        assert not [k for row in tab for k in row if k.startswith("tier_")]  # one tier: no tier columns
+        with urllib.request.urlopen(f"{base}/hstu/charts", timeout=5) as response:
+            assert "Cache tiers" not in response.read().decode()
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(30)
@@ -96,3 +99,61 @@ def test_tab_rows_carry_target_provenance_and_flag_reasons():
     assert first["flags"] == "thin: 3 measured requests < 30; off-target: 0.457 is 0.043 away"
     assert (second["source"], second["flags"]) == ("server-reported (observed)", "ok")
     assert (natural["target"], natural["achieved"]) == ("natural", "0.800")
+
+
+def test_the_tab_shows_the_tier_columns_of_a_run_steered_by_tier(oracle_servers, sample_store, tmp_path):
+    """Through the tab's JSON (/stats/requests) and its chart box (/hstu/charts): a run steered to a
+    tier mix against the two-tier oracle carries each stage's tier figures, the same as report.json."""
+    oracle = oracle_servers(cached_tokens=True, budget_tokens=3000, host_budget_tokens=9000)
+    (port,) = free_ports(1)
+    base = f"http://127.0.0.1:{port}"
+    log = (tmp_path / "locust.log").open("w")
+    process = subprocess.Popen(
+        locust_command("--web-host", "127.0.0.1", "--web-port", str(port), "--loglevel", "WARNING",
+                       "--triton-url", oracle.grpc_url, "--workload", "sessions", "--store", str(sample_store),
+                       "--hit-ratios", "0.8", "--batch-sizes", "1,4", "--stage-seconds", "3", "--warmup-seconds", "1",
+                       "--max-history", "256", "--verify-fraction", "0", "--cache-budget-tokens", "3000",
+                       "--host-budget-tokens", "9000", "--tier-mix", "gpu:0.6,host:0.3,miss:0.1",
+                       "--offload-mode", "flexkv", "--report-dir", str(tmp_path / "run")),
+        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        wait_until(lambda: get_json(f"{base}/stats/requests")["state"] == "ready", 60, "the web UI")
+        assert post_form(f"{base}/swarm", {"user_count": 2, "spawn_rate": 2})["success"]
+        wait_until(lambda: get_json(f"{base}/stats/requests")["state"] == "running", 30, "the run to start")
+        wait_until(lambda: get_json(f"{base}/stats/requests")["state"] == "stopped", 60, "the run to end")
+        wait_until(lambda: (tmp_path / "run" / "report.json").is_file(), 10, "the report")
+        tab = get_json(f"{base}/stats/requests")["extended_stats"][0]["data"]
+        with urllib.request.urlopen(f"{base}/hstu/charts", timeout=5) as response:
+            charts = response.read().decode()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert [row["bin"] for row in tab] == [s["name"] for s in report["stages"]] == ["b1_h0.80", "b4_h0.80"]
+    for row, stage in zip(tab, report["stages"]):
+        t = stage["tiers"]
+        assert (row["tier_source"], row["tier_target_mix"]) == ("observed", "gpu:0.6,host:0.3,miss:0.1")
+        for tier in ("gpu", "host", "miss"):
+            assert row[f"tier_mix_{tier}"] == f"{t['mix'][tier]:.3f}", (row, t)
+        assert (row["tier_gpu_ratio"], row["tier_host_ratio"]) == (f"{t['gpu_ratio']:.3f}", f"{t['host_ratio']:.3f}")
+        assert sum(t["observed"]["users"].values()) > 0
+    assert "Cache tiers: GPU hit, host hit, miss" in charts and "gpu:0.6,host:0.3,miss:0.1" in charts
+
+
+def test_tab_rows_carry_tier_columns_only_where_the_run_has_tiers():
+    from hstu_replay.loadtest.webui import charts_fragment, rows
+    from hstu_replay.report.flags import StageRules
+    from hstu_replay.report.summary import build_report
+    from hstu_replay.stats.run_stats import BinKey, RunStats
+    from tests.report.test_tiers import one_tier, tiered_report
+
+    (row,) = rows(tiered_report())  # 10 users: 7 GPU, 2 host, 1 miss; 350 + 150 of 1,000 tokens
+    assert {k: v for k, v in row.items() if k.startswith("tier_")} == {
+        "tier_source": "observed", "tier_gpu_ratio": "0.350", "tier_host_ratio": "0.150", "tier_mix_gpu": "0.700",
+        "tier_mix_host": "0.200", "tier_mix_miss": "0.100", "tier_target_mix": "gpu:0.6,host:0.3,miss:0.1",
+        "tier_mix_distance": "0.100"}
+    assert "Cache tiers: GPU hit, host hit, miss" in charts_fragment(tiered_report())
+    plain = build_report(RunStats({BinKey(1, 0.5): one_tier()}), {"options": {}, "reports_tiers": True},
+                         rules=StageRules())
+    assert not [k for k in rows(plain)[0] if k.startswith("tier_")]
+    assert "Cache tiers" not in charts_fragment(plain)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from hstu_replay.report.flags import StageRules, stage_flags
 from hstu_replay.report.summary import build_report
 from hstu_replay.report.tiers import shows_tiers, stage_tiers, tier_table
@@ -73,3 +75,29 @@ def test_the_html_report_shows_the_tiers_beside_the_hit_ratios():
     assert "1 0.5 0.350 0.150 server 0.700 0.200 0.100 gpu:0.6,host:0.3,miss:0.1" in text
     plain = build_report(RunStats({BinKey(1, 0.5): one_tier()}), {"options": {}, "reports_tiers": True})
     assert "Cache tiers" not in render_html(plain)
+
+
+def tiered_report() -> dict:
+    return build_report(RunStats({BinKey(1, 0.5): stats(True)}),
+                        {"options": {"host_budget_tokens": 9000, "tier_mix": "gpu:0.6,host:0.3,miss:0.1"}},
+                        rules=StageRules(tier_mix=(("gpu", 0.6), ("host", 0.3), ("miss", 0.1))))
+
+
+def test_report_csv_carries_the_tier_columns_where_the_run_has_tiers():
+    import csv
+    import io
+
+    from hstu_replay.report.writers import report_csv
+
+    (row,) = csv.DictReader(io.StringIO(report_csv(tiered_report())))
+    header = list(row)
+    assert header[header.index("tier_source"):header.index("tier_mix_distance") + 1] == [
+        "tier_source", "tier_gpu_ratio", "tier_host_ratio", "tier_mix_gpu", "tier_mix_host", "tier_mix_miss",
+        "tier_target_mix", "tier_mix_distance"]
+    # 10 users: 7 GPU, 2 host, 1 miss by the server; 350 + 150 of 1,000 history tokens
+    assert (row["tier_source"], row["tier_target_mix"]) == ("observed", "gpu:0.6,host:0.3,miss:0.1")
+    figures = [float(row[k]) for k in ("tier_gpu_ratio", "tier_host_ratio", "tier_mix_gpu", "tier_mix_host",
+                                       "tier_mix_miss", "tier_mix_distance")]
+    assert figures == [0.35, 0.15, 0.7, 0.2, 0.1, pytest.approx(0.1)]
+    plain = build_report(RunStats({BinKey(1, 0.5): one_tier()}), {"options": {}, "reports_tiers": True})
+    assert not [k for k in next(csv.reader(io.StringIO(report_csv(plain)))) if k.startswith("tier_")]
