@@ -2,8 +2,8 @@
 # Several GPU-machine steps in one call, each bounded by its own time limit, logs under OUT_DIR:
 #   bash bench/gpu_session.sh OUT_DIR STEP:SECONDS ...
 # Steps:
-#   wheels        install the carried wheels (bench/gpu_wheels.sh --install $WHEELS, default .whl) into $SITE
-#                 (default /tmp/site), which every step finds first on PYTHONPATH
+#   wheels        install the carried wheels (bench/gpu_wheels.sh --install $WHEELS, default .whl) into the
+#                 machine's Python environment
 #   env           the machine, its Python packages and tools
 #   aoti-check    compile and load a tiny AOTInductor package in one process (bench/gpu_aoti_check.py)
 #   gpu-tests     the unit tests that need a GPU (CUDA graphs against eager)
@@ -24,8 +24,8 @@ shift
 PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
 NATIVE=${NATIVE:---frontend python-backend}
-SITE=${SITE:-/tmp/site} WHEELS=${WHEELS:-.whl}
-export PYTHONUNBUFFERED=1 SITE WHEELS PYTHONPATH=$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}
+WHEELS=${WHEELS:-.whl}
+export PYTHONUNBUFFERED=1 WHEELS
 mkdir -p "$OUT"
 step_wheels() { bash bench/gpu_wheels.sh --install "$WHEELS"; }
 step_env() {
@@ -36,8 +36,9 @@ step_env() {
 }
 step_aoti_check() { $PY -m bench.gpu_aoti_check --out "$OUT/aoti-check"; }
 step_protocol() { SERVE_ARGS="$NATIVE" bash bench/gpu_protocol.sh "$OUT/protocol" "${USERS:-128}" "${RUNS:-1}"; }
-step_protocol_eager() {
-    HSTU_REPLAY_CUDA_GRAPHS=0 SERVE_ARGS="$NATIVE" bash bench/gpu_protocol.sh "$OUT/protocol-eager" "${USERS:-128}" 1
+step_protocol_eager() {  # EAGER_CONFIGS: the configs (default: protocol's)
+    HSTU_REPLAY_CUDA_GRAPHS=0 CONFIGS=${EAGER_CONFIGS:-${CONFIGS:-kuairand-1k kuairand-1k-8l}} SERVE_ARGS="$NATIVE" \
+        bash bench/gpu_protocol.sh "$OUT/protocol-eager" "${USERS:-128}" 1
 }
 step_gpu_tests() { $PY -m pytest -q -p no:cacheprovider tests/server/test_step_graphs.py; }
 step_protocol_pyt() { CONFIGS=kuairand-1k bash bench/gpu_protocol.sh "$OUT/protocol-pyt" "${USERS:-128}" 1; }

@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # The Python packages the GPU machine lacks, as cp312 wheels to carry there (it reaches no registry).
 #   bash bench/gpu_wheels.sh [DIR]             here: rebuild DIR (default .whl) from the package index
-#   bash bench/gpu_wheels.sh --install [DIR]   there: install DIR's wheels into $SITE (default /tmp/site);
-#                                              then PYTHONPATH=$SITE (bench/gpu_session.sh's `wheels` step)
+#   bash bench/gpu_wheels.sh --install [DIR]   there: install DIR's wheels into the running python3's own
+#                                              environment (bench/gpu_session.sh's `wheels` step)
 # What goes: nvidia-pytriton 0.7.0 (tritonserver and its Python backend), numpy 1.26.4 (the backend stub
 # handed corrupted INT64 inputs to models under the image's numpy 2.5), protobuf 6.33.6, tritonclient,
 # locust, gevent, orjson and whatever of their dependencies the image lacks (its package list:
 # the device notes' KINDS.md). nvidia-pytriton is trimmed to fit the 64 MiB a call carries: only the
 # Python 3.12 backend stub stays, libpython3.13 goes, and ICU's 29 MB data library becomes a stub of the
 # same name and symbol (tritonserver starts and serves with it); numpy goes without its tests.
+# Not with pip's --target: PyTriton takes a folder outside site-packages for an editable install and
+# looks for its libraries elsewhere (the backend stub then misses libcudart).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = --install ]; then
-    DIR=${2:-.whl} SITE=${SITE:-/tmp/site}
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$DIR"/*.whl
-    echo "installed $(ls "$DIR"/*.whl | wc -l) wheels into $SITE"
+    DIR=${2:-.whl}
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "$DIR"/*.whl
+    echo "installed $(ls "$DIR"/*.whl | wc -l) wheels into $(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
     exit 0
 fi
 DIR=${1:-.whl}
