@@ -240,7 +240,7 @@ if which == "ours":
     send = lambda r: client.infer(r).logits
 elif which == "grpcio":  # grpcio's own floor: each request's message encoded once, before the loop
     import grpc
-    from hstu_replay.client.grpc_infer import METHOD, encode_request
+    from hstu_replay.client.grpc_message import METHOD, encode_request
     call = grpc.insecure_channel(url).unary_unary(METHOD)
     encoded = {{id(r): encode_request(KVCACHE.model_name, r.input_parts(KVCACHE), ("OUTPUT__0",)) for r in requests}}
     send = lambda r: call(encoded[id(r)])

@@ -111,14 +111,14 @@ class HttpInfer:
     def _send(self, buffers: list) -> socket.socket:
         """Send on the open connection; when a kept-alive connection turns out closed before
         the request went out whole, the server cannot have taken it: send once more on a new one."""
-        if self._sock is not None and time.monotonic() - self._used > _IDLE_CHECK_S and _closed_by_peer(self._sock):
+        if self._sock is not None and time.monotonic() - self._used > _IDLE_CHECK_S and closed_by_peer(self._sock):
             self.close()
         reused = self._sock is not None
         for attempt in (0, 1):
             if self._sock is None:
                 self._sock = self._connect()
             try:
-                _send_all(self._sock, list(buffers))
+                send_all(self._sock, list(buffers))
                 return self._sock
             except OSError as exc:
                 self.close()
@@ -168,7 +168,7 @@ class HttpInfer:
         return status, fields, memoryview(body)
 
 
-def _send_all(sock: socket.socket, buffers: list) -> None:
+def send_all(sock: socket.socket, buffers: list) -> None:
     if isinstance(sock, ssl.SSLSocket):  # no scatter-gather through TLS
         _send_tls(sock, buffers)
         return
@@ -204,7 +204,7 @@ def _send_tls(sock: ssl.SSLSocket, buffers: list) -> None:
         sock.sendall(gathered)
 
 
-def _closed_by_peer(sock: socket.socket) -> bool:
+def closed_by_peer(sock: socket.socket) -> bool:
     """Whether an idle kept-alive connection was closed from the other end (readable with no data)."""
     try:
         readable, _, _ = select.select([sock], [], [], 0)

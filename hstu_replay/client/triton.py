@@ -3,8 +3,9 @@
 gRPC (default) or HTTP, TLS and extra headers (auth tokens) on either. The model's metadata is
 read once and matched against the interface registry; a model that matches none is refused
 with one line saying what was expected and what was found. Metadata and statistics go through
-tritonclient; inference goes through a transport of the protocol's (`TRANSPORTS`), which sends
-the request's buffers without copying them in Python.
+tritonclient; inference goes through a transport of the protocol's (`transport`: over gRPC,
+HTTP/2 by `h2` on a plain socket or grpcio, `GRPC_TRANSPORTS`), which sends the request's
+buffers without copying them in Python.
 """
 
 from __future__ import annotations
@@ -47,10 +48,13 @@ class ClientOptions:
     insecure: bool = False  # HTTP: skip certificate checks
     headers: Mapping[str, str] = field(default_factory=dict)  # names are sent in lower case
     timeout_s: float = 60.0
+    grpc_transport: str = "h2"  # gRPC's inference requests: h2 (HTTP/2 on a plain socket) or grpcio
 
     def __post_init__(self):
         if self.protocol not in ("grpc", "http"):
             raise ConfigError(f"--triton-protocol {self.protocol!r}: use grpc or http")
+        if self.grpc_transport not in GRPC_TRANSPORTS:
+            raise ConfigError(f"--triton-grpc-transport {self.grpc_transport!r}: use {' or '.join(GRPC_TRANSPORTS)}")
         if "://" in self.url:
             raise ConfigError(f"--triton-url {self.url!r}: give host:port without a scheme (use --triton-ssl for TLS)")
         if self.root_certificates and not self.ssl:
@@ -60,7 +64,7 @@ class ClientOptions:
 
     def __repr__(self) -> str:  # header values are secrets (auth tokens)
         return (f"ClientOptions(url={self.url!r}, protocol={self.protocol!r}, model={self.model!r}, ssl={self.ssl}, "
-                f"root_certificates={self.root_certificates!r}, headers={sorted(self.headers)} (values hidden))")
+                f"grpc_transport={self.grpc_transport!r}, root_certificates={self.root_certificates!r}, headers={sorted(self.headers)} (values hidden))")
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,7 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-def _grpc_transport(options: ClientOptions) -> Transport:
+def _grpcio_transport(options: ClientOptions) -> Transport:
     import grpc
 
     from hstu_replay.client.grpc_infer import GrpcInfer
@@ -114,25 +118,50 @@ def _grpc_transport(options: ClientOptions) -> Transport:
     return GrpcInfer(options.url, options.model, dict(options.headers), options.timeout_s, credentials)
 
 
+def _h2_transport(options: ClientOptions) -> Transport:
+    from hstu_replay.client.h2_grpc import H2Grpc
+
+    host, port = _host_port(options)
+    context = _tls_context(options)
+    if context is not None:
+        context.set_alpn_protocols(["h2"])  # gRPC servers take HTTP/2 over TLS only when it is agreed
+    return H2Grpc(host, port, options.model, dict(options.headers), options.timeout_s, context)
+
+
 def _http_transport(options: ClientOptions) -> Transport:
     from hstu_replay.client.http_infer import HttpInfer
 
+    host, port = _host_port(options)
+    context = _tls_context(options)
+    if context is not None and options.insecure:
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    return HttpInfer(host, port, options.model, dict(options.headers), options.timeout_s, context)
+
+
+def _host_port(options: ClientOptions) -> tuple[str, int]:
     host, _, port = options.url.rpartition(":")
     if not host or not port.isdigit():
         raise ConfigError(f"--triton-url {options.url!r}: give host:port")
-    context = None
-    if options.ssl:
-        try:
-            context = ssl.create_default_context(cafile=options.root_certificates or None)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"--triton-root-cert {options.root_certificates!r}: {exc}") from None
-        if options.insecure:
-            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-    return HttpInfer(host.strip("[]"), int(port), options.model, dict(options.headers), options.timeout_s, context)
+    return host.strip("[]"), int(port)
 
 
-#: protocol -> the transport its inference requests go through
-TRANSPORTS: dict[str, Callable[[ClientOptions], Transport]] = {"grpc": _grpc_transport, "http": _http_transport}
+def _tls_context(options: ClientOptions) -> ssl.SSLContext | None:
+    """With TLS: a context that checks the server's certificate against --triton-root-cert (else the system's CAs)."""
+    if not options.ssl:
+        return None
+    try:
+        return ssl.create_default_context(cafile=options.root_certificates or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"--triton-root-cert {options.root_certificates!r}: {exc}") from None
+
+
+#: --triton-grpc-transport -> the transport gRPC inference requests go through
+GRPC_TRANSPORTS: dict[str, Callable[[ClientOptions], Transport]] = {"h2": _h2_transport, "grpcio": _grpcio_transport}
+
+
+def transport(options: ClientOptions) -> Transport:
+    """The transport of the options' protocol (and, for gRPC, of --triton-grpc-transport)."""
+    return _http_transport(options) if options.protocol == "http" else GRPC_TRANSPORTS[options.grpc_transport](options)
 
 
 def _specs_from_metadata(entries) -> tuple[TensorSpec, ...]:
@@ -177,7 +206,7 @@ class TritonClient:
                 )
         except Exception as exc:  # tritonclient raises assorted types for bad urls
             raise ConfigError(f"--triton-url {options.url!r}: {exc}") from None
-        self._transport = TRANSPORTS[options.protocol](options)
+        self._transport = transport(options)
         self.binding: ModelBinding | None = None
 
     def connect(self) -> ModelBinding:

@@ -40,6 +40,13 @@ class TritonProtocol(StrEnum):
     HTTP = "http"
 
 
+class GrpcTransport(StrEnum):
+    """--triton-grpc-transport: what carries gRPC inference requests (client.triton.GRPC_TRANSPORTS)."""
+
+    H2 = "h2"
+    GRPCIO = "grpcio"
+
+
 def _choice(enum: type[StrEnum], flag: str, value: str, message: str | None = None):
     try:
         return enum(value)
@@ -58,6 +65,7 @@ class TargetConfig:
     root_cert: str
     headers: str = field(repr=False)  # secret: 'name=value,...'
     timeout_s: float = 30.0
+    grpc_transport: GrpcTransport = GrpcTransport.H2
 
     def __post_init__(self):
         self.header_map()  # a malformed item is named before the run (its value never is)
@@ -79,7 +87,7 @@ class TargetConfig:
     def client_options(self) -> ClientOptions:
         return ClientOptions(url=self.address, protocol=self.protocol.value, model=self.model, ssl=self.ssl,
                              root_certificates=self.root_cert or None, headers=self.header_map(),
-                             timeout_s=self.timeout_s)
+                             timeout_s=self.timeout_s, grpc_transport=self.grpc_transport.value)
 
 
 @dataclass(frozen=True)
@@ -297,7 +305,8 @@ class LoadTestConfig:
         protocol = _choice(TritonProtocol, "--triton-protocol", v["triton_protocol"],
                            f"--triton-protocol {v['triton_protocol']!r}: use {one_of(p.value for p in TritonProtocol)}")
         target = TargetConfig(v["triton_url"], protocol, v["triton_ssl"], v["triton_model"], v["triton_root_cert"],
-                              v["triton_headers"], v["triton_timeout"])
+                              v["triton_headers"], v["triton_timeout"],
+                              _choice(GrpcTransport, "--triton-grpc-transport", v["triton_grpc_transport"]))
         target.client_options()  # the client's own checks
         report = ReportConfig(
             v["report_dir"], StageRules(v["min_stage_requests"], cache.page_tokens,

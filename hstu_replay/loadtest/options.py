@@ -70,6 +70,8 @@ OPTIONS: tuple[LoadOption, ...] = (
                "http://host:8000, https:// or grpcs:// for TLS, or host:port"), TARGET, unset=""),
     LoadOption(A.TRITON_PROTOCOL.but(help="grpc or http, for an address without a scheme"), TARGET),
     LoadOption(A.TRITON_MODEL.but(help="Model name; its interface is detected"), TARGET),
+    LoadOption(_own("--triton-grpc-transport", "h2", "gRPC inference requests through h2 (HTTP/2 on the event loop's "
+                    "own sockets, lighter) or grpcio"), TARGET),
     LoadOption(_own("--triton-ssl", False, "Use TLS, for an address without a scheme"), TARGET),
     LoadOption(_own("--triton-root-cert", "", "PEM file of the CA(s) that signed the server's certificate"), TARGET),
     LoadOption(_own("--triton-headers", "", "Extra request headers, 'name=value,name=value' (secret: never shown, "

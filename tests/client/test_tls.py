@@ -13,17 +13,19 @@ from hstu_replay.client.triton import ClientOptions, TritonClient
 from hstu_replay.errors import AccessDenied, ServerError
 from hstu_replay.interface import KVCACHE
 from tests.certs import SENTINEL, SecureServer
-from tests.client.test_triton import rekeyed, sample_request
+from tests.client.test_triton import KINDS, rekeyed, sample_request
 from tests.client.test_triton import tritonclient_logits
 
 pytestmark = pytest.mark.integration
-PROTOCOLS = ["grpc", "http"]
+PROTOCOLS = list(KINDS)  # grpc (h2), grpc-grpcio, http
 
 
-def _client(secure: SecureServer, protocol: str, host: str = "127.0.0.1", **options) -> TritonClient:
+def _client(secure: SecureServer, kind: str, host: str = "127.0.0.1", **options) -> TritonClient:
+    protocol, transport = KINDS[kind]
     port = secure.url(protocol).rpartition(":")[2]
     defaults = {"ssl": True, "root_certificates": str(secure.certs.ca), "headers": secure.headers(protocol)}
-    return TritonClient(ClientOptions(url=f"{host}:{port}", protocol=protocol, timeout_s=20, **(defaults | options)))
+    return TritonClient(ClientOptions(url=f"{host}:{port}", protocol=protocol, grpc_transport=transport, timeout_s=20,
+                                      **(defaults | options)))
 
 
 def tls_tritonclient_logits(secure: SecureServer, protocol: str, request) -> np.ndarray:
@@ -48,7 +50,7 @@ def test_our_transport_and_tritonclient_get_the_same_answers_through_tls(secure,
         first = 100 * PROTOCOLS.index(protocol) + (10 if host == "localhost" else 0)  # keys of its own
         for seed in range(first, first + 3):  # batch 8, long histories: many buffers, each through TLS
             request = sample_request(seed, batch=8, history=240)
-            theirs = tls_tritonclient_logits(secure, protocol, rekeyed(request, 50_000))
+            theirs = tls_tritonclient_logits(secure, KINDS[protocol][0], rekeyed(request, 50_000))
             response = ours.infer(request)
             assert response.logits.shape == (request.num_logits, 8)
             np.testing.assert_array_equal(response.logits, theirs)
@@ -85,14 +87,14 @@ def test_a_plain_client_at_a_tls_port_is_told_to_use_tls(secure, protocol):
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("header", ["missing", "wrong"])
 def test_inference_without_the_right_header_is_the_servers_refusal_before_any_load(secure, protocol, header):
-    headers = {} if header == "missing" else secure.headers(protocol, value="not-the-value")
+    headers = {} if header == "missing" else secure.headers(KINDS[protocol][0], value="not-the-value")
     client = _client(secure, protocol, headers=headers)
     try:
         with pytest.raises(AccessDenied) as caught:
             client.connect()  # metadata is open; the check is an inference without inputs
         message = str(caught.value)
         assert "\n" not in message and "check --triton-headers" in message
-        assert ("This protocol is restricted" if protocol == "grpc" else "HTTP 403: This API is restricted") in message
+        assert ("HTTP 403: This API is restricted" if protocol == "http" else "This protocol is restricted") in message
         assert "x-api-key" in message and SENTINEL not in message
         # a real request is refused the same way, and not mistaken for a server that is down
         from hstu_replay.client.triton import ModelBinding
@@ -107,7 +109,7 @@ def test_inference_without_the_right_header_is_the_servers_refusal_before_any_lo
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_header_names_are_sent_in_lower_case(secure, protocol):
     # gRPC refuses metadata keys with capitals; HTTP header names are case-insensitive
-    upper = {name.title(): value for name, value in secure.headers(protocol).items()}
+    upper = {name.title(): value for name, value in secure.headers(KINDS[protocol][0]).items()}
     client = _client(secure, protocol, headers=upper)
     try:
         client.connect()

@@ -32,11 +32,20 @@ def test_only_the_kvcache_model_is_treated_as_cached():
     assert {name for name, i in INTERFACES.items() if i.uses_cache} == {KVCACHE.name}
 
 
-@pytest.mark.parametrize("protocol", ["grpc", "http"])
-def test_nothing_listening_is_unavailable_not_a_failed_request(protocol):
+#: each way of sending: (protocol, gRPC transport); the id names it
+KINDS = {"grpc": ("grpc", "h2"), "grpc-grpcio": ("grpc", "grpcio"), "http": ("http", "h2")}
+
+
+def kind_options(kind: str, **options) -> ClientOptions:
+    protocol, transport = KINDS[kind]
+    return ClientOptions(protocol=protocol, grpc_transport=transport, **options)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_nothing_listening_is_unavailable_not_a_failed_request(kind):
     from tests.conftest import free_ports
 
-    client = TritonClient(ClientOptions(url=f"127.0.0.1:{free_ports(1)[0]}", protocol=protocol, timeout_s=5))
+    client = TritonClient(kind_options(kind, url=f"127.0.0.1:{free_ports(1)[0]}", timeout_s=5))
     client.binding = _binding()
     try:
         with pytest.raises(ServerUnavailable):
@@ -76,17 +85,19 @@ def tritonclient_logits(module, url: str, request, headers: dict | None = None, 
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("protocol", ["grpc", "http"])
-def test_our_transport_and_tritonclient_get_the_same_answer(triton_server, protocol):
+@pytest.mark.parametrize("kind", KINDS)
+def test_our_transport_and_tritonclient_get_the_same_answer(triton_server, kind):
     import tritonclient.grpc
     import tritonclient.http
 
+    protocol = KINDS[kind][0]
     url = triton_server.grpc_url if protocol == "grpc" else triton_server.http_url
-    ours = TritonClient(ClientOptions(url=url, protocol=protocol))
+    ours = TritonClient(kind_options(kind, url=url))
     try:
         binding = ours.connect()
         assert binding.interface is KVCACHE
-        for seed in range(3):  # fresh keys each time: no cache state shared between the two clients
+        first = 10 * list(KINDS).index(kind)
+        for seed in range(first, first + 3):  # fresh keys each time: no cache state shared between the two clients
             request = sample_request(seed)
             theirs = tritonclient_logits(tritonclient.grpc if protocol == "grpc" else tritonclient.http, url,
                                           rekeyed(request, 10_000))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc.service_pb2 import ModelInferRequest
 
-from hstu_replay.client.grpc_infer import encode_request, same_buffers, varint
+from hstu_replay.client.grpc_message import encode_request, same_buffers, varint
 
 
 @pytest.mark.parametrize("n, encoded", [(0, b"\x00"), (1, b"\x01"), (127, b"\x7f"), (128, b"\x80\x01"),
