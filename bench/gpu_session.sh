@@ -15,7 +15,8 @@
 #                 with CUDA graphs and without; the backend's phase lines (HSTU_REPLAY_BACKEND_PHASES)
 #   locust        our Locust sweep (bench/gpu_locust.sh; SERVE_ARGS as for protocol)
 #   flow          `hstu-replay flow l0 --config kuairand-1k` on the GPU
-#   scale-out     `python -m bench.scale_out --workers 1,2,4,8` against a do-nothing server
+#   scale-out     `python -m bench.scale_out --workers 1,2,4,8`, 600 req/s each, against a do-nothing
+#                 Python-backend model on the bundled tritonserver (INVALID rows: exit 1)
 # (DEVICE=cpu bash bench/gpu_session.sh runs/x env:30 aoti-check:300: the CPU-runnable steps here)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -75,7 +76,8 @@ step_flow() {  # reuses the repository protocol-aoti compiled, where there is on
         $( [ -f "$from/hstu_target.json" ] && echo --export-from "$from" )
 }
 step_scale_out() {
-    $PY -m bench.scale_out --workers "${WORKERS:-1,2,4,8}" --instances "${INSTANCES:-16}" --seconds 10
+    $PY -m bench.scale_out --workers "${WORKERS:-1,2,4,8}" --instances "${INSTANCES:-16}" \
+        --rate-per-worker "${RATE_PER_WORKER:-600}" --seconds 10
     mkdir -p "$OUT/scale-out" && cp runs/scale-out/*.log "$OUT/scale-out/" 2>/dev/null
 }
 for spec in "$@"; do

@@ -1,22 +1,32 @@
-"""A do-nothing PyTriton model server: zeros of the right shape (started by harness.start_null).
+"""A do-nothing model server: zeros of the right shape (started by harness.start_null).
 
     python -m bench.null_model MODEL_NAME GRPC HTTP METRICS [--instances N]   # serve until SIGTERM
         [--tls-cert PEM --tls-key PEM [--https-port P]]   # gRPC over TLS; HTTPS in front of HTTP
+        [--frontend python-backend]   # no PyTriton: the bundled tritonserver, the model in its Python backend
+
+PyTriton (the default) answers from this process behind one more shared-memory hop; with
+`--frontend python-backend` each of the `--instances` backend stubs answers by itself
+(bench/null_backend.py), as `server serve --frontend python-backend` serves the target.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
 from hstu_replay.interface import INTERFACES, NUM_TASKS, ModelInterface
 
 READY = "null-model: ready"
+ROOT = Path(__file__).resolve().parents[1]
 BY_MODEL = {i.model_name: i for i in INTERFACES.values()}
 
 
@@ -71,6 +81,39 @@ def serve(interface: ModelInterface, grpc_port: int, http_port: int, metrics_por
         https.close()
 
 
+def serve_backend(interface: ModelInterface, grpc_port: int, http_port: int, metrics_port: int,
+                  instances: int = 1) -> None:
+    """Host `interface`'s model on the bundled tritonserver directly, `instances` Python-backend
+    stubs answering zeros, until SIGTERM; statistics stay open."""
+    from hstu_replay.server.native import (
+        ModelEntry, config_text, import_paths, model_file, prepare_backend, server_arguments, server_env,
+        stop_tritonserver,
+    )
+    from hstu_replay.server.serve import ServeOptions, run_until_stopped
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    workspace = Path(tempfile.mkdtemp(prefix="null-model-"))
+    server = None
+    try:
+        binary, backends, libs = prepare_backend(workspace)
+        folder = workspace / "models" / interface.model_name
+        (folder / "1").mkdir(parents=True)
+        entry = ModelEntry("null", interface.model_name, interface.inputs, interface.outputs)
+        (folder / "config.pbtxt").write_text(config_text(entry, None, instances))
+        (folder / "1" / "model.py").write_text(model_file([str(ROOT), *import_paths()], "bench.null_backend"))
+        options = ServeOptions(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
+        server = subprocess.Popen(server_arguments(binary, backends, workspace / "models", options),
+                                  env=server_env(libs))
+        print(READY, flush=True)
+        run_until_stopped(lambda: server.poll() is None, stop)
+    finally:
+        if server is not None:
+            stop_tritonserver(server)
+        shutil.rmtree(workspace, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", choices=sorted(BY_MODEL), metavar="MODEL_NAME", help=", ".join(sorted(BY_MODEL)))
@@ -80,7 +123,14 @@ def main() -> int:
     parser.add_argument("--tls-cert", help="PEM server certificate: gRPC over TLS")
     parser.add_argument("--tls-key", help="its PEM private key")
     parser.add_argument("--https-port", type=int, default=0, help="HTTPS in front of the HTTP port (needs --tls-cert)")
+    parser.add_argument("--frontend", choices=("pytriton", "python-backend"), default="pytriton",
+                        help="pytriton (default) or python-backend: the bundled tritonserver alone, no TLS")
     args = parser.parse_args()
+    if args.frontend == "python-backend":
+        if args.tls_cert or args.https_port:
+            raise SystemExit("null-model: --frontend python-backend serves no TLS")
+        serve_backend(BY_MODEL[args.model], args.grpc, args.http, args.metrics, args.instances)
+        return 0
     from hstu_replay.server.tls_proxy import TlsFiles
 
     tls = TlsFiles(args.tls_cert, args.tls_key) if args.tls_cert else None

@@ -103,21 +103,24 @@ def _tensors(section: str, specs: tuple[TensorSpec, ...]) -> str:
     return f"{section} [\n" + ",\n".join(items) + "\n]"
 
 
-def config_text(entry: ModelEntry, settings: BackendSettings) -> str:
-    """A Python-backend config.pbtxt: one CPU-kind instance (the engine picks its own device)."""
-    return "\n".join([
-        f'name: "{entry.name}"', 'backend: "python"', "max_batch_size: 0",
-        _tensors("input", entry.inputs), _tensors("output", entry.outputs),
-        "instance_group [ { count: 1 kind: KIND_CPU } ]",
-        f"parameters {{ key: \"{PARAMETER}\" value: {{ string_value: {json.dumps(settings.to_json())} }} }}",
-    ]) + "\n"
+def config_text(entry: ModelEntry, settings: BackendSettings | None, instances: int = 1) -> str:
+    """A Python-backend config.pbtxt: `instances` CPU-kind instances (the engine picks its own
+    device), `settings` as its parameter (none for a model that needs none)."""
+    lines = [f'name: "{entry.name}"', 'backend: "python"', "max_batch_size: 0",
+             _tensors("input", entry.inputs), _tensors("output", entry.outputs),
+             f"instance_group [ {{ count: {instances} kind: KIND_CPU }} ]"]
+    if settings is not None:
+        value = json.dumps(settings.to_json())
+        lines.append(f"parameters {{ key: \"{PARAMETER}\" value: {{ string_value: {value} }} }}")
+    return "\n".join(lines) + "\n"
 
 
-def model_file(paths: list[str]) -> str:
-    """The version folder's model.py: the stub's Python gets this interpreter's import paths first."""
+def model_file(paths: list[str], module: str = "hstu_replay.server.backend_model") -> str:
+    """The version folder's model.py: the stub's Python gets this interpreter's import paths first,
+    then takes `module`'s TritonPythonModel."""
     return ("import sys\n"
             f"sys.path[:0] = [p for p in {paths!r} if p not in sys.path]\n"
-            "from hstu_replay.server.backend_model import TritonPythonModel  # noqa: E402,F401\n")
+            f"from {module} import TritonPythonModel  # noqa: E402,F401\n")
 
 
 def import_paths() -> list[str]:
@@ -177,6 +180,17 @@ def server_env(libs: Path) -> dict[str, str]:
     return env
 
 
+def stop_tritonserver(server: subprocess.Popen) -> None:
+    """SIGINT (tritonserver unloads its models and exits), a kill after a minute."""
+    if server.poll() is None:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(10)
+
+
 def serve_native(base: BackendSettings, options: ServeOptions, stop: threading.Event | None = None) -> None:
     """Run tritonserver on a Python-backend repository until SIGINT/SIGTERM (or `stop`); clean shutdown."""
     check_ports_free(options)
@@ -215,12 +229,7 @@ def serve_native(base: BackendSettings, options: ServeOptions, stop: threading.E
     finally:
         if https is not None:
             https.close()
-        if server is not None and server.poll() is None:
-            server.send_signal(signal.SIGINT)
-            try:
-                server.wait(60)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait(10)
+        if server is not None:
+            stop_tritonserver(server)
         shutil.rmtree(workspace, ignore_errors=True)
         print("hstu-replay: server stopped", file=sys.stderr, flush=True)

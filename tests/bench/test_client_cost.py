@@ -1,4 +1,4 @@
-"""bench.client_cost's cases, its perf_analyzer traces of each workload, and bench.scale_out's planner columns."""
+"""bench.client_cost's cases and its perf_analyzer traces of each workload."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import client_cost, harness, scale_out
+from bench import client_cost, harness
 from bench.harness import Shape
 from hstu_replay.interface import KVCACHE, Limits
 from hstu_replay.plan.workloads import WorkloadOptions
@@ -52,10 +52,3 @@ def test_a_sessions_trace_is_what_the_planner_sends_primes_included(long_store, 
         assert sum(n) == len(entry[values]["content"]) == entry[values]["shape"][0]
         assert len(n) == 8 * len(entry[KVCACHE.field_to_input["num_candidates"]]["content"])
 
-
-def test_the_planner_columns_by_hand():
-    one = scale_out.ScaleResult(1, 4, 500.0, 0.30, 0.6, 0.01, 20.0, True, 1000)
-    # 2,000 req/s at the single worker's 0.6 ms is 1.2 cores: 1.2 / 0.7 -> 2 workers; this run's own
-    # 1.5 worker cores / 0.7 -> 3
-    assert scale_out.planned(scale_out.ScaleResult(4, 16, 2000.0, 1.5, 0.75, 0.02, 10.0, True, 4000), one) == (2, 3)
-    assert scale_out.planned(one, one) == (1, 1)
