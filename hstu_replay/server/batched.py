@@ -83,7 +83,7 @@ class BatchedEngine:
             plan = WorkPlan.plan(hit, n_hist, n_cand, cfg.num_heads)
             candidates = [np.asarray(u.candidates, dtype=np.int64) for u in users]
         if self.graphs is not None and not len(hist_pos):  # fully cached: one graph launch
-            shape = StepShape.of(int(n_cand.sum()), len(plan.items), cfg.max_batch, self.table_pages, plan.split)
+            shape = StepShape.of(int(n_cand.sum()), plan.capacity, cfg.max_batch, self.table_pages, plan.split)
             try:
                 with self.clock.phase("engine.graph"):
                     logits = self.graphs.run(shape, np.concatenate(candidates), positions, page_table, plan.items,

@@ -35,6 +35,9 @@ _USER, _ROW0, _ROWS, _POS0, _STEP, _KEY0, _KEY_END = range(7)
 class WorkPlan:
     items: np.ndarray  # int32 [n, 7]
     split: bool  # several items may share query rows: their sums are added atomically
+    #: the most items a plan of the same blocks can have, whatever its users' lengths: split chunks
+    #: are at least total keys x heads / min_programs long, so they add at most min_programs / heads
+    capacity: int = 0
 
     @classmethod
     def plan(cls, past: np.ndarray, n_hist: np.ndarray, n_cand: np.ndarray, heads: int,
@@ -62,11 +65,12 @@ class WorkPlan:
         # keys a block really visits: up to its last row's position
         items[:, _KEY_END] = np.minimum(items[:, _KEY_END], items[:, _POS0] + items[:, _STEP] * (items[:, _ROWS] - 1) + 1)
         split = 0 < len(items) * heads < min_programs
+        capacity = len(items) + (min_programs // heads if split else 0)
         if split:
             items = _split_keys(items, heads, min_programs)
         # longest first, so the GPU's last wave is made of short ones
         work = items[:, _KEY_END] - items[:, _KEY0]
-        return cls(np.ascontiguousarray(items[np.argsort(-work, kind="stable")], dtype=np.int32), split)
+        return cls(np.ascontiguousarray(items[np.argsort(-work, kind="stable")], dtype=np.int32), split, capacity)
 
 
 def _split_keys(items: np.ndarray, heads: int, min_programs: int) -> np.ndarray:

@@ -3,8 +3,9 @@
 A fully cached request computes only its candidates: ~45 small kernels whose launches cost more
 host time than the GPU spends on them. Replaying the step as one CUDA graph launches it once.
 A graph has fixed shapes, so a step is padded to a `StepShape`: the candidates to the next power
-of two, the attention work items likewise (padding items have no rows: their programs do
-nothing), the page table to the largest request's (`max_batch` users x the pages of a full
+of two, the attention work items to the next power of two of the most its blocks can be split into
+(`WorkPlan.capacity`, so that users of other lengths share the graph; padding items have no rows:
+their programs do nothing), the page table to the largest request's (`max_batch` users x the pages of a full
 history). Every index the step needs travels packed in one int64 array (`StepShape.pack`), staged
 in one pinned host buffer and copied to the device in one copy. Graphs live in a small LRU keyed
 by shape and are dropped when the page pool is reallocated (they hold its addresses).

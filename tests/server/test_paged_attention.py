@@ -148,6 +148,8 @@ def test_the_plan_covers_every_row_once_per_key(users, block_m, min_programs):
     assert plan.split == (0 < n_blocks * HEADS < min_programs)
     if not plan.split:  # one item per block, each row written once
         assert len(plan.items) == n_blocks and np.all(plan.items[:, 5] == 0)
+    # the capacity, by hand: the blocks, plus at most min_programs / heads chunks when split
+    assert len(plan.items) <= plan.capacity == n_blocks + (min_programs // HEADS if plan.split else 0)
     got, got_own = coverage(plan, past, n_hist, n_cand)
     want, want_own = expected_coverage(past, n_hist, n_cand)
     for g, w in zip(got, want):
@@ -155,6 +157,17 @@ def test_the_plan_covers_every_row_once_per_key(users, block_m, min_programs):
     np.testing.assert_array_equal(got_own, want_own)
     work = plan.items[:, 6] - plan.items[:, 5]
     assert np.all(np.diff(work) <= 0)  # longest first
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 9000), min_size=1, max_size=8), candidates=st.integers(1, 300))
+def test_fully_cached_users_of_any_lengths_stay_within_the_capacity(lengths, candidates):
+    # the capacity is the same for every length: one CUDA graph shape covers them all
+    past = np.array(lengths)
+    plan = WorkPlan.plan(past, np.zeros_like(past), np.full(len(past), candidates), HEADS)
+    assert len(plan.items) <= plan.capacity
+    other = WorkPlan.plan(np.full(len(past), 9000), np.zeros_like(past), np.full(len(past), candidates), HEADS)
+    assert plan.capacity == other.capacity
 
 
 def test_a_few_candidate_blocks_facing_many_keys_are_split():
