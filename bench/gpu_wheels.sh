@@ -5,7 +5,7 @@
 #                                              environment (bench/gpu_session.sh's `wheels` step)
 # What goes: nvidia-pytriton 0.7.0 (tritonserver and its Python backend), numpy 1.26.4 (the backend stub
 # handed corrupted INT64 inputs to models under the image's numpy 2.5), protobuf 6.33.6, tritonclient,
-# locust, gevent, orjson and whatever of their dependencies the image lacks (its package list:
+# locust, gevent, orjson, hpack (the gRPC transport) and whatever of their dependencies the image lacks (its package list:
 # the device notes' KINDS.md). nvidia-pytriton is trimmed to fit the 64 MiB a call carries: only the
 # Python 3.12 backend stub stays, libpython3.13 goes, and ICU's 29 MB data library becomes a stub of the
 # same name and symbol (tritonserver starts and serves with it); numpy goes without its tests.
@@ -21,7 +21,7 @@ if [ "${1:-}" = --install ]; then
 fi
 DIR=${1:-.whl}
 PACKAGES=(nvidia-pytriton==0.7.0 numpy==1.26.4 protobuf==6.33.6 "tritonclient[grpc,http]==2.73.0" locust==2.47.0
-          gevent==26.9.0 orjson==3.13.0)
+          gevent==26.9.0 orjson==3.13.0 hpack==4.2.0)
 # already in the image (KINDS.md's list); numpy and protobuf are carried for their versions
 IMAGE="aiohappyeyeballs aiohttp aiosignal annotated-doc attrs certifi charset-normalizer click frozenlist grpcio h11
 idna iniconfig jinja2 markdown-it-py markupsafe mdurl ml-dtypes msgpack multidict mypy-extensions packaging pluggy
