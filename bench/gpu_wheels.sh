@@ -5,8 +5,8 @@
 #                                              environment (bench/gpu_session.sh's `wheels` step)
 # What goes: nvidia-pytriton 0.7.0 (tritonserver and its Python backend), numpy 1.26.4 (the backend stub
 # handed corrupted INT64 inputs to models under the image's numpy 2.5), protobuf 6.33.6, tritonclient,
-# locust, gevent, orjson, hpack (the gRPC transport) and whatever of their dependencies the image lacks (its package list:
-# the device notes' KINDS.md). nvidia-pytriton is trimmed to fit the 64 MiB a call carries: only the
+# locust, gevent, orjson, hpack (the gRPC transport) and whatever of their dependencies the image lacks
+# (its package list: the device notes' KINDS.md). nvidia-pytriton is trimmed to fit the 64 MiB a call carries: only the
 # Python 3.12 backend stub stays, libpython3.13 goes, and ICU's 29 MB data library becomes a stub of the
 # same name and symbol (tritonserver starts and serves with it); numpy goes without its tests.
 # Not with pip's --target: PyTriton takes a folder outside site-packages for an editable install and
