@@ -50,6 +50,7 @@ def parse(*argv: str):
     (["--slo-p99-ms", "50", "--users-steps", "1", "--metrics-url", "ftp://x"], "metrics address"),
     (["--slo-p99-ms", "50", "--users-steps", "1", "--host-budgets", "9000"], "--host-budgets needs --budgets"),
     (["--slo-p99-ms", "50", "--users-steps", "1", "--budgets", "3000"], "--budgets needs --repository"),
+    (["--slo-p99-ms", "50", "--users-steps", "1", "--repository", "."], "--repository serves the built-in target"),
     (["--slo-p99-ms", "50", "--users-steps", "1", "--budgets", "3000", "--repository", "/no/such"], "no such folder"),
     (["--slo-p99-ms", "50", "--users-steps", "1", "--budgets", "3000", "--repository", ".", "--triton-url",
       "127.0.0.1:1"], "--triton-url: leave it out with --budgets"),
