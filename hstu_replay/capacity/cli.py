@@ -161,6 +161,10 @@ def _pools(args: argparse.Namespace) -> tuple:
     from hstu_replay.capacity.pools import pool_pairs
 
     if not args.budgets and not args.host_budgets:
+        for flag in ("repository", "serve_args"):
+            if getattr(args, flag):
+                raise ConfigError(f"--{flag.replace('_', '-')} serves the built-in target per pair of pools: "
+                                  "give --budgets too (or leave it out and give --triton-url)")
         return ()
     if not args.budgets:
         raise ConfigError("--host-budgets needs --budgets (the GPU pools to serve behind each host budget)")

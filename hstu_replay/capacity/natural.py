@@ -35,17 +35,15 @@ from pathlib import Path
 
 import numpy as np
 
+from hstu_replay.capacity.pools import SERVER_STOP_GRACE_S, TargetPools, served
 from hstu_replay.capacity.search import Measurement, Slo, judge
 from hstu_replay.capacity.shards import combine, spread
 from hstu_replay.capacity.step import StepRun, fresh_dir
-from hstu_replay.errors import ConfigError, ServerError
+from hstu_replay.errors import ConfigError
 from hstu_replay.interface import Limits
 from hstu_replay.loadtest.command import headless_command
 from hstu_replay.plan.over_limit import HistoryPolicy, accounts_line
-from hstu_replay.process import ServerProcess, StartFailed
 
-SERVER_STOP_GRACE_S = 60.0  # a step's processes get this long after SIGTERM before SIGKILL
-SERVE_TIMEOUT_S = 180.0
 RESULT_JSON = "capacity_natural.json"
 
 
@@ -211,20 +209,12 @@ def run_natural_step(plan: NaturalPlan, budget: int, servers: int, shard: int) -
     name = (f"b{budget}" + (f"_host{plan.host_budget_tokens}" if plan.host_budget_tokens else "") + f"_s{servers}"
             + (f"_shard{shard}" if servers > 1 else ""))
     step_dir = fresh_dir(plan.out_dir / "steps" / name)
-    server = ServerProcess.serve(plan.repository, step_dir / "server.log", None, "--cache-budget-tokens", str(budget),
-                                 "--page-tokens", str(plan.page_tokens), *plan.host_args, *plan.serve_args,
-                                 ready_timeout_s=SERVE_TIMEOUT_S)
-    try:
-        server.start()
-        try:
-            server.wait_ready()
-        except StartFailed as exc:
-            raise ServerError(f"the target did not start with budget {budget}: {exc}") from None
+    pools = TargetPools(budget, plan.host_budget_tokens, plan.offload_mode)
+    with served(plan.repository, pools, step_dir / "server.log", ("--page-tokens", str(plan.page_tokens),
+                                                                  *plan.serve_args)) as server:
         step = StepRun(name, step_command(plan, server.grpc_url, budget, servers, shard, step_dir), step_dir,
                        plan.warmup_seconds + plan.step_seconds + 120.0, stop_grace_s=SERVER_STOP_GRACE_S)
         return step.measure(float(budget))
-    finally:
-        server.stop(SERVER_STOP_GRACE_S)
 
 
 StepRunner = Callable[[NaturalPlan, int, int, int], Measurement]

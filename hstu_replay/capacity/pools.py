@@ -15,7 +15,7 @@ from hstu_replay.errors import ServerError
 from hstu_replay.process import ServerProcess, StartFailed
 
 SERVE_TIMEOUT_S = 180.0
-SERVER_STOP_GRACE_S = 60.0
+SERVER_STOP_GRACE_S = 60.0  # a server and a step's processes get this long after SIGTERM before SIGKILL
 
 
 @dataclass(frozen=True)

@@ -139,11 +139,11 @@ def slo_crossing(steps: Sequence[StepResult], slo: Slo) -> float | None:
     """The load at which p99 reaches the SLO, linear between the last passing step and the step
     that broke it by p99 (a straight line between two measured points: an estimate, not a
     measurement); None where the search did not break by p99 after a passing step."""
-    passing = [s for s in steps if s.passed]
+    low = next((s for s in reversed(steps) if s.passed), None)
     breach = next((s for s in steps if not s.passed), None)
-    if not passing or breach is None:
+    if low is None or breach is None:
         return None
-    low, high = passing[-1].measurement, breach.measurement
+    low, high = low.measurement, breach.measurement
     if low.p99_ms is None or high.p99_ms is None or not low.p99_ms < slo.p99_ms < high.p99_ms:
         return None  # broken by errors, or with no p99 to interpolate on
     return low.load + (slo.p99_ms - low.p99_ms) * (high.load - low.load) / (high.p99_ms - low.p99_ms)
@@ -175,6 +175,12 @@ class RatioResult:
             return "none"
         primes = best.measurement.primes_per_request
         return "priming" if primes is not None and primes > PRIMED else "reuse"
+
+    @property
+    def within_slo(self) -> StepResult | None:
+        """The highest load that met the SLO: the last passing step (loads ascend, the search stops at
+        the first breach); it may carry less than `sustainable` where throughput fell before p99 broke."""
+        return next((s for s in reversed(self.steps) if s.passed), None)
 
     @property
     def stopped_at(self) -> StepResult | None:

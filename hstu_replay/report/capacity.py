@@ -75,6 +75,7 @@ def _ratio(r: RatioResult, plan: CapacityPlan, pools: TargetPools | None) -> dic
         "servers_needed_basis": SERVERS_BASIS.get(r.hits_from),
         "workers": None if workers is None else asdict(workers),
         "stopped_at": None if stopped is None else stopped.load,
+        "within_slo": _pick(r.within_slo, "logical_throughput", "p99_ms"),
         "slo_crossing": slo_crossing(r.steps, plan.slo),
     }
 
@@ -195,7 +196,7 @@ def pools_table(data: dict) -> list[list[str]]:
     rows = [[*POOLS_HEADER, "hit ratio", f"{unit} per GPU", "at the SLO (interpolated)", "logical/s", "p99 ms",
              "stopped at"]]
     for r in data["ratios"]:
-        s = r["sustainable"] or {}
+        s = r["within_slo"] or {}
         rows.append([*_pools_cells(data, r), f"{r['hit_ratio']:.2f}", _load(s.get("load")),
                      fmt(r["slo_crossing"], ".1f"), fmt(s.get("logical_throughput"), ".1f"),
                      fmt(s.get("p99_ms"), ".2f"), _load(r["stopped_at"])])
@@ -203,7 +204,8 @@ def pools_table(data: dict) -> list[list[str]]:
 
 
 POOLS_NOTE = ("Per tier budget: the reference target served with each (GPU, host) pair in turn, one server "
-              "standing for one GPU. Per GPU: the sustainable step's load, measured; at the SLO: the load where "
+              "standing for one GPU. Per GPU: the highest load measured within the SLO (its logical requests/s "
+              "and p99 beside it); at the SLO: the load where "
               "p99 meets the SLO on a straight line between the last passing step and the step that broke it "
               "(an estimate; empty where the search did not break by p99 after a passing step).")
 
