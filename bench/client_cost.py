@@ -18,15 +18,17 @@ primes included in send order, as an `--input-data` trace (`plan.perf_analyzer`)
    shared machine hits every client alike. Our side is the real `locust -f locustfiles/hstu.py`.
    Each reading is a steady window (harness.measure): /proc CPU of the client process, requests
    counted by the server (priming requests count: the server computes them); the share of primes
-   among them is read from our report and shown beside.
+   among them is read from our report and shown beside. Over gRPC our worker runs once per
+   `--grpc-transports` (h2, grpcio) beside the same perf_analyzer reading.
 2. Latency floor: batch 1 x (1 + 1) requests; perf_analyzer's p50 over its stable windows
    against our Locust report's p50 for the stage, same server, each protocol.
 3. Requests per second of one worker core: `--users` users against the model with as many
    instances; requests counted by the server over the cores the worker kept busy.
 4. The transports alone, each in a gevent-patched child process as in a Locust worker, one
    request in flight over the shape's requests: tritonclient (InferInput per call, what the
-   first version sent with) against ours (`TritonClient.infer`), and for gRPC grpcio sending
-   messages encoded before the loop (the floor of any gRPC client on grpcio); CPU from getrusage.
+   first version sent with) against ours (`TritonClient.infer`, over gRPC through each transport),
+   and for gRPC grpcio sending messages encoded before the loop (the floor of any gRPC client on
+   grpcio); CPU from getrusage.
 Prints markdown tables, the commands and the machine's load. Exit 2 with one line if
 perf_analyzer cannot be obtained or run.
 """
@@ -87,6 +89,7 @@ class Reading:
     round: int
     window: Window
     primes: float | None = None  # our worker: priming requests per request the server counted
+    transport: str = ""  # our worker over gRPC: --triton-grpc-transport
 
 
 PERF_ANALYZER, OURS = "perf_analyzer 2.51", "Locust worker"
@@ -130,6 +133,7 @@ def cpu_per_request(server, shape: Shape, protocol: str, args, pa_env, store: Pa
     cases = [CASES[name] for name in args.cases]
     traces = {c.trace_name: case_trace(c, shape, folder, dump_requests, store) for c in cases}
     url = server.url_for(protocol)
+    transports = args.grpc_transports if protocol == "grpc" else [""]
     readings = []
     for r in range(args.rounds):
         theirs: dict[str, Window] = {}
@@ -139,16 +143,19 @@ def cpu_per_request(server, shape: Shape, protocol: str, args, pa_env, store: Pa
                 theirs[case.trace_name] = harness.measure(command, server, MODEL, OUT / "client.log", args.seconds,
                                                           env=pa_env)
                 readings.append(Reading(shape, protocol, case.trace_name, PERF_ANALYZER, r, theirs[case.trace_name]))
-            report = OUT / "report"
-            ours = harness.workload_command(url, protocol, data_arguments(case, shape, dumps, store), report,
-                                            args.seconds + 20, "--verify-fraction", "1" if case.verify else "0",
-                                            max_values=shape.values)
-            window = harness.measure(ours, server, MODEL, OUT / "client.log", args.seconds)
-            readings.append(Reading(shape, protocol, case.name, OURS, r, window, prime_share(report)))
-            pa = theirs[case.trace_name]
-            print(f"  {shape.name} {protocol:4s} round {r + 1}: {case.name:18s} ours {window.cpu_ms:.3f} ms/request "
-                  f"({window.rps:,.0f} req/s), perf_analyzer {pa.cpu_ms:.3f} ({pa.rps:,.0f} req/s): "
-                  f"{window.cpu_ms / pa.cpu_ms:.2f}x (load {harness.machine_load()})", flush=True)
+            for transport in transports:  # over gRPC, each transport beside the same perf_analyzer reading
+                report = OUT / "report"
+                chosen = ("--triton-grpc-transport", transport) if transport else ()
+                ours = harness.workload_command(url, protocol, data_arguments(case, shape, dumps, store), report,
+                                                args.seconds + 20, "--verify-fraction", "1" if case.verify else "0",
+                                                *chosen, max_values=shape.values)
+                window = harness.measure(ours, server, MODEL, OUT / "client.log", args.seconds)
+                readings.append(Reading(shape, protocol, case.name, OURS, r, window, prime_share(report), transport))
+                pa = theirs[case.trace_name]
+                print(f"  {shape.name} {protocol:4s} {transport:6s} round {r + 1}: {case.name:18s} ours "
+                      f"{window.cpu_ms:.3f} ms/request ({window.rps:,.0f} req/s), perf_analyzer {pa.cpu_ms:.3f} "
+                      f"({pa.rps:,.0f} req/s): {window.cpu_ms / pa.cpu_ms:.2f}x (load {harness.machine_load()})",
+                      flush=True)
     return readings
 
 
@@ -158,14 +165,14 @@ def cpu_table(readings: list[Reading]) -> str:
     ours: dict[tuple, list[Reading]] = {}
     for r in readings:
         if r.client == OURS:
-            ours.setdefault((r.shape, r.protocol, r.case), []).append(r)
-    for (shape, protocol, name), group in ours.items():
+            ours.setdefault((r.shape, r.protocol, r.transport, r.case), []).append(r)
+    for (shape, protocol, transport, name), group in ours.items():
         trace = CASES[name].trace_name
         reference = {r.round: r.window for r in readings if (r.shape, r.protocol, r.case, r.client)
                      == (shape, protocol, trace, PERF_ANALYZER)}
         ratios = [r.window.cpu_ms / reference[r.round].cpu_ms for r in group]
         primes = [r.primes for r in group if r.primes is not None]
-        rows.append([shape.name, protocol, name,
+        rows.append([shape.name, protocol, transport or "-", name,
                      f"{statistics.median(primes):.2f}" if primes else "?",
                      statistics.median(reference[r.round].rps for r in group),
                      statistics.median(reference[r.round].cpu_ms for r in group),
@@ -175,7 +182,7 @@ def cpu_table(readings: list[Reading]) -> str:
                      statistics.median(r.window.faults for r in group),
                      f"{statistics.median(ratios):.2f}x" + (f" ({', '.join(f'{x:.2f}' for x in ratios)})"
                                                              if len(ratios) > 1 else "")])
-    return harness.table(["shape", "protocol", "workload", "primes/request", "perf_analyzer req/s",
+    return harness.table(["shape", "protocol", "gRPC transport", "workload", "primes/request", "perf_analyzer req/s",
                           "perf_analyzer CPU ms/request", "ours req/s", "ours CPU ms/request", "of which system",
                           "ours faults/request", "ours to perf_analyzer"], rows)
 
@@ -271,13 +278,17 @@ def transport_loops(server, shape: Shape, args) -> list[list]:
     dumps = OUT / f"{shape.history}x{shape.candidates}" / "dumps"
     harness.shape_dumps(shape, dumps)
     for protocol in args.protocols:
-        variants = [("tritonclient", f"tritonclient.{protocol}, InferInput per call"),
-                    ("ours", f"ours ({'sendmsg of the pieces' if protocol == 'http' else 'hand-encoded'})")]
-        if protocol == "grpc":
-            variants.append(("grpcio", "grpcio alone, messages encoded before the loop (its floor)"))
-        for which, name in variants:
+        variants = [("tritonclient", f"tritonclient.{protocol}, InferInput per call", {})]
+        if protocol == "http":
+            variants.append(("ours", "ours (sendmsg of the pieces)", {}))
+        else:
+            variants += [("ours", "ours, h2 (HTTP/2 on the event loop's socket, sendmsg of the pieces)",
+                          {"grpc_transport": "h2"}),
+                         ("ours", "ours, grpcio (hand-encoded)", {"grpc_transport": "grpcio"}),
+                         ("grpcio", "grpcio alone, messages encoded before the loop (its floor)", {})]
+        for which, name, options in variants:
             code = TRANSPORT_LOOP.format(root=str(ROOT), protocol=protocol, url=server.url_for(protocol), which=which,
-                                         options={},
+                                         options=options,
                                          seconds=args.seconds, shape=(shape.batch, shape.history, shape.candidates),
                                          dumps=str(dumps))
             done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
@@ -295,6 +306,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="readings of each client, in turn (default 2)")
     parser.add_argument("--shapes", default="4096,2048", help="of: " + ", ".join(SHAPES))
     parser.add_argument("--protocols", default="http,grpc")
+    parser.add_argument("--grpc-transports", default="h2,grpcio", help="our worker's gRPC transports, each beside "
+                        "the same perf_analyzer reading (default h2,grpcio)")
     parser.add_argument("--floor-seconds", type=float, default=10.0, help="our measured stage for the floor")
     parser.add_argument("--users", type=int, default=4, help="users (and model instances) for the rate per core")
     parser.add_argument("--skip", default="", help="sections to leave out: cpu,floor,rate,transport")
@@ -304,6 +317,9 @@ def main() -> int:
                         "one, made once under runs/client-cost)")
     args = parser.parse_args()
     args.protocols = args.protocols.split(",")
+    args.grpc_transports = [t for t in args.grpc_transports.split(",") if t]
+    if not args.grpc_transports or set(args.grpc_transports) - {"h2", "grpcio"}:
+        parser.error(f"--grpc-transports {','.join(args.grpc_transports)!r}: of h2, grpcio")
     try:
         args.cases = parse_cases(args.cases)
     except ValueError as exc:

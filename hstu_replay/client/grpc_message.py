@@ -78,14 +78,17 @@ def encode_parts(model: str, inputs: Inputs, outputs: Sequence[str]) -> Message:
     """The serialized ModelInferRequest of int64 `inputs` as buffers, nothing joined."""
     head: list = [field(1, model.encode())]
     contents: list = []
+    size = 0
     for name, pieces in inputs:
-        nbytes = sum(p.nbytes for p in pieces)
+        nbytes = sum([p.nbytes for p in pieces])
         head.append(tensor_spec(name, nbytes // 8))
-        contents.append(_RAW_CONTENTS + varint(nbytes))
+        prefix = _RAW_CONTENTS + varint(nbytes)
+        contents.append(prefix)
         contents += pieces
+        size += len(prefix) + nbytes
     head += [field(6, field(1, name.encode())) for name in outputs]
-    parts = [b"".join(head), *contents]
-    return Message(parts, sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts))
+    first = b"".join(head)
+    return Message([first, *contents], len(first) + size)
 
 
 def same_buffers(a: Inputs, b: Inputs) -> bool:

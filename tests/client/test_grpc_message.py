@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc.service_pb2 import ModelInferRequest
 
-from hstu_replay.client.grpc_message import encode_request, same_buffers, varint
+from hstu_replay.client.grpc_message import encode_parts, encode_request, same_buffers, varint
 
 
 @pytest.mark.parametrize("n, encoded", [(0, b"\x00"), (1, b"\x01"), (127, b"\x7f"), (128, b"\x80\x01"),
@@ -42,3 +42,13 @@ def test_the_same_buffers_are_the_same_arrays_not_equal_ones():
     assert not same_buffers(inputs, [("INPUT__0", (a,)), ("INPUT__1", (b,))])
     assert not same_buffers(inputs, inputs[:1])
     assert not same_buffers(inputs, ())
+
+
+def test_the_message_as_buffers_is_the_joined_message_and_says_its_size():
+    inputs = [("INPUT__0", (np.arange(3, dtype=np.int64), np.array([], dtype=np.int64), np.arange(200, dtype=np.int64))),
+              ("INPUT__1", (np.array([5], dtype=np.int64),))]
+    message = encode_parts("m", inputs, ("OUTPUT__0",))
+    joined = b"".join(memoryview(p).cast("B").tobytes() for p in message.parts)
+    assert joined == encode_request("m", inputs, ("OUTPUT__0",))
+    assert message.size == len(joined) == ModelInferRequest.FromString(joined).ByteSize()
+    assert any(p is inputs[0][1][2] for p in message.parts)  # the pieces themselves, not copies

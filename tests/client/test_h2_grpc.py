@@ -95,6 +95,8 @@ class H2Server:
         conn.initiate_connection()
         conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: self.window,
                               h2.settings.SettingCodes.MAX_FRAME_SIZE: self.max_frame})
+        if self.window > 65_535:  # the connection's window too, as Triton does
+            conn.increment_flow_control_window(self.window - 65_535)
         sock.sendall(conn.data_to_send())
         sock.settimeout(10)
         open_requests: dict[int, Request] = {}
@@ -179,6 +181,23 @@ def test_a_large_request_follows_the_servers_windows_and_frame_size(serve, windo
         np.testing.assert_array_equal(np.frombuffer(request.message.raw_input_contents[0], "<i8"), big)
     frames = [e for e in server.events if isinstance(e, h2.events.DataReceived) and e.stream_id == 3]
     assert max(len(e.data) for e in frames) <= min(window, max_frame)
+
+
+def test_with_windows_wide_enough_a_request_goes_out_in_one_write(serve, monkeypatch):
+    """Frame heads, header block and the whole message, from the numpy pieces as they are."""
+    from hstu_replay.client import h2_grpc
+
+    writes, send_all = [], h2_grpc.send_all
+    monkeypatch.setattr(h2_grpc, "send_all", lambda sock, buffers: writes.append(list(buffers)) or send_all(sock, buffers))
+    server = serve(window=4_194_304, max_frame=4_194_304)
+    client = server.client()
+    big = np.arange(67_184, dtype=np.int64)
+    client.infer([("INPUT__0", (big,))], ("OUTPUT__0",))  # the first also waits for the server's SETTINGS
+    writes.clear()
+    client.infer([("INPUT__0", (big,))], ("OUTPUT__0",))
+    (write,) = writes
+    assert any(b is big for b in write)  # not copied
+    assert sum(memoryview(b).nbytes for b in write) > big.nbytes
 
 
 def test_our_windows_are_raised_at_the_start_so_a_large_answer_is_not_stalled(serve):

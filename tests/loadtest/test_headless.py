@@ -96,7 +96,8 @@ def test_session_replay_reaches_its_targets(triton_server, sample_store, tmp_pat
         assert stage["hit_disagreements"] == 0, stage
 
 
-def test_an_injected_wrong_answer_is_caught(triton_server, reference_dumps, tmp_path):
+@pytest.mark.parametrize("transport", ["h2", "grpcio"])
+def test_an_injected_wrong_answer_is_caught(triton_server, reference_dumps, tmp_path, transport):
     from hstu_replay.dumps.reader import read_dump
     from hstu_replay.dumps.writer import write_tensor_file
 
@@ -108,9 +109,10 @@ def test_an_injected_wrong_answer_is_caught(triton_server, reference_dumps, tmp_
     result = run_locust(
         tmp_path / "report", "-u", "1", "-r", "1", "--triton-url", triton_server.grpc_url, "--workload", "dumps",
         "--dump-dir", str(corrupt), "--hit-ratios", "0.5", "--batch-sizes", "8", "--stage-seconds", "3",
-        "--warmup-seconds", "0", "--max-history", "256", "--max-error-ratio", "0",
+        "--warmup-seconds", "0", "--max-history", "256", "--max-error-ratio", "0", "--triton-grpc-transport", transport,
     )
     assert result.returncode == 3  # a wrong answer is a failure: --max-error-ratio sees it
+    assert result.report["run"]["options"]["triton_grpc_transport"] == transport
     assert "error ratio" in result.stderr
     report = result.report
     assert report["verification"]["mismatches"] >= 1

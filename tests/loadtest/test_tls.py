@@ -10,7 +10,7 @@ from tests.certs import SENTINEL, SecureServer
 from tests.conftest import run_locust
 
 pytestmark = pytest.mark.integration
-PROTOCOLS = ["grpc", "http"]
+PROTOCOLS = ["grpc", "grpc-grpcio", "http"]  # gRPC through each --triton-grpc-transport
 SWEEP = ("-u", "2", "-r", "2", "--workload", "dumps", "--hit-ratios", "0,1.0", "--batch-sizes", "4",
          "--stage-seconds", "3", "--warmup-seconds", "0", "--max-history", "256",
          # what these runs check is TLS, the header and verification: a stage left thin or client-bound by a
@@ -18,12 +18,15 @@ SWEEP = ("-u", "2", "-r", "2", "--workload", "dumps", "--hit-ratios", "0,1.0", "
          "--min-stage-requests", "1", "--max-loop-lag-ms", "60000")
 
 
-def _args(secure: SecureServer, protocol: str, reference_dumps, ca: str | None, headers: dict[str, str],
+def _args(secure: SecureServer, kind: str, reference_dumps, ca: str | None, headers: dict[str, str],
           scheme: bool = False) -> list[str]:
     """The address as Locust's --host with a TLS scheme, or as --triton-url with --triton-ssl."""
+    protocol, _, transport = kind.partition("-")
     address = (["--host", f"{'grpcs' if protocol == 'grpc' else 'https'}://{secure.url(protocol)}"] if scheme
                else ["--triton-url", secure.url(protocol), "--triton-protocol", protocol, "--triton-ssl"])
     args = [*address, "--dump-dir", str(reference_dumps), *SWEEP]
+    if transport:
+        args += ["--triton-grpc-transport", transport]
     if ca:
         args += ["--triton-root-cert", ca]
     if headers:
@@ -34,7 +37,8 @@ def _args(secure: SecureServer, protocol: str, reference_dumps, ca: str | None, 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_a_run_through_tls_and_a_required_header_verifies_every_answer(secure, protocol, reference_dumps, tmp_path):
     report_dir = tmp_path / "report"
-    result = run_locust(report_dir, *_args(secure, protocol, reference_dumps, str(secure.certs.ca),
+    kind, protocol = protocol, protocol.partition("-")[0]
+    result = run_locust(report_dir, *_args(secure, kind, reference_dumps, str(secure.certs.ca),
                                            secure.headers(protocol), scheme=True),
                         "--max-mismatches", "0", "--max-error-ratio", "0")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -58,7 +62,7 @@ def test_a_run_through_tls_and_a_required_header_verifies_every_answer(secure, p
 def test_a_missing_ca_or_header_stops_the_run_before_load_in_one_line(secure, protocol, missing, reference_dumps,
                                                                      tmp_path):
     ca = None if missing == "ca" else str(secure.certs.ca)
-    headers = {} if missing == "header" else secure.headers(protocol)
+    headers = {} if missing == "header" else secure.headers(protocol.partition("-")[0])
     result = run_locust(tmp_path / "report", *_args(secure, protocol, reference_dumps, ca, headers), timeout=90)
     assert result.returncode == 2, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
