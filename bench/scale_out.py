@@ -189,6 +189,8 @@ def main() -> int:
     parser.add_argument("--workers", default="1,2", help="worker counts to run (default 1,2)")
     parser.add_argument("--rate-per-worker", type=float, default=600.0, help="open-loop req/s of each worker (600)")
     parser.add_argument("--users-per-worker", type=int, default=4, help="users (requests in flight) per worker (4)")
+    parser.add_argument("--ceiling-workers", type=int, default=0,
+                        help="workers of the closed-loop ceiling probe (default: the largest of --workers)")
     parser.add_argument("--instances", type=int, default=8, help="backend stubs of the do-nothing model (8)")
     parser.add_argument("--frontend", default="python-backend", choices=("python-backend", "pytriton"),
                         help="the do-nothing server: the bundled tritonserver alone (default) or PyTriton")
@@ -208,8 +210,9 @@ def main() -> int:
     if not counts or min(counts) < 1 or counts[0] != 1:
         print(f"scale_out: --workers {args.workers!r}: worker counts starting with 1, e.g. 1,2,4,8", file=sys.stderr)
         return 2
-    if args.rate_per_worker <= 0 or args.users_per_worker < 1 or args.instances < 1:
-        print("scale_out: --rate-per-worker above 0, --users-per-worker and --instances of 1 or more", file=sys.stderr)
+    if args.rate_per_worker <= 0 or args.users_per_worker < 1 or args.instances < 1 or args.ceiling_workers < 0:
+        print("scale_out: --rate-per-worker above 0, --users-per-worker and --instances of 1 or more, "
+              "--ceiling-workers of 0 or more", file=sys.stderr)
         return 2
     thresholds = Thresholds(args.server_share, args.host_share, args.worker_share)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -219,7 +222,7 @@ def main() -> int:
     server = harness.start_null(KVCACHE, OUT / "server.log", instances=args.instances,
                                 extra=("--frontend", args.frontend))
     try:
-        ceiling = run(server, max(counts), args, dumps, 0.0)
+        ceiling = run(server, args.ceiling_workers or max(counts), args, dumps, 0.0)
         results = [run(server, n, args, dumps, args.rate_per_worker) for n in counts]
     finally:
         server.stop()

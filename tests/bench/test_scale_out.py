@@ -70,7 +70,8 @@ def test_host_times_read_proc_stat():
 
 
 def test_bad_worker_counts_exit_2_before_any_load():
-    for bad in ("2,4", "1,x", "0"):
-        done = subprocess.run([sys.executable, "-m", "bench.scale_out", "--workers", bad], cwd=ROOT,
+    for bad in (["--workers", "2,4"], ["--workers", "1,x"], ["--workers", "0"], ["--rate-per-worker", "0"],
+                ["--ceiling-workers", "-1"]):
+        done = subprocess.run([sys.executable, "-m", "bench.scale_out", *bad], cwd=ROOT,
                               capture_output=True, text=True, timeout=120)
-        assert done.returncode == 2 and "--workers" in done.stderr and done.stderr.count("\n") == 1, bad
+        assert done.returncode == 2 and bad[0] in done.stderr and done.stderr.count("\n") == 1, bad
