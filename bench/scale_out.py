@@ -18,7 +18,8 @@ concatenated records must equal the merged one, and so its percentiles).
 A row is INVALID, not a measure of the workers, when something else can be the limit: the rate
 offered is above `--server-share` of the server's ceiling, the host's busy cores are above
 `--host-share` of its cores, or a worker's CPU is above `--worker-share` of a core (saturated).
-Otherwise scale-out is met when the server answered 0.9 x N x what one worker sent or more.
+Otherwise scale-out is met when the server answered 0.9 x N x what one worker sent or more, and
+0.9 of the rate offered.
 Beside each N, the workers the capacity planner (`capacity.workers`) asks for at that rate, from
 the one-worker run's CPU per request, and the workers the run's own CPU needed.
 Prints a markdown table, the verdicts, the command and the machine's load. Exit 1 when a row is
@@ -92,9 +93,12 @@ def limits(result: ScaleResult, ceiling_rps: float, host_cores: int, t: Threshol
 
 
 def verdict(result: ScaleResult, single: ScaleResult, found: Sequence[str]) -> str:
-    """INVALID (what limited it), met or MISSED: N workers against 0.9 x N x one worker."""
+    """INVALID (what limited it), met or MISSED: N workers against 0.9 x N x one worker, and the
+    rate offered (a worker that cannot keep its schedule misses, its users too few for the latency)."""
     if found:
         return "INVALID: " + "; ".join(found)
+    if result.rps < SCALE_OUT_SHARE * result.offered_rps:
+        return f"MISSED (answered {result.rps / result.offered_rps:.2f} of the rate offered)"
     ratio = scaling(result, single)
     return f"{'met' if ratio >= SCALE_OUT_SHARE else 'MISSED'} ({ratio:.2f} of N x one worker)"
 
@@ -251,7 +255,7 @@ def main() -> int:
           f"(what the run needed, each worker at {DEFAULT_CORE_SHARE} of a core); the run used N")
     print(f"INVALID: offered above {thresholds.server_share:.0%} of the server's ceiling, host above "
           f"{thresholds.host_share:.0%} of its cores busy, or a worker above {thresholds.worker_share:.0%} of a core; "
-          f"met: the server answered {SCALE_OUT_SHARE} x N x one worker or more")
+          f"met: the server answered {SCALE_OUT_SHARE} x N x one worker and of the rate offered or more")
     print()
     print(f"shape {SHAPE.name}, {args.protocol}, do-nothing model ({args.frontend}) with {args.instances} instances; "
           f"{harness.this_command()}")
