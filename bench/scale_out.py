@@ -18,7 +18,8 @@ concatenated records must equal the merged one, and so its percentiles).
 A row is INVALID, not a measure of the workers, when something else can be the limit: the rate
 offered is above `--server-share` of the server's ceiling, the host's busy cores are above
 `--host-share` of its cores, or a worker's CPU is above `--worker-share` of a core (saturated).
-Otherwise scale-out is met when the server answered 0.9 x N x what one worker sent or more.
+Otherwise scale-out is met when the server answered 0.9 x N x what one worker sent or more, and
+0.9 of the rate offered.
 Beside each N, the workers the capacity planner (`capacity.workers`) asks for at that rate, from
 the one-worker run's CPU per request, and the workers the run's own CPU needed.
 Prints a markdown table, the verdicts, the command and the machine's load. Exit 1 when a row is
@@ -92,9 +93,12 @@ def limits(result: ScaleResult, ceiling_rps: float, host_cores: int, t: Threshol
 
 
 def verdict(result: ScaleResult, single: ScaleResult, found: Sequence[str]) -> str:
-    """INVALID (what limited it), met or MISSED: N workers against 0.9 x N x one worker."""
+    """INVALID (what limited it), met or MISSED: N workers against 0.9 x N x one worker, and the
+    rate offered (a worker that cannot keep its schedule misses, its users too few for the latency)."""
     if found:
         return "INVALID: " + "; ".join(found)
+    if result.rps < SCALE_OUT_SHARE * result.offered_rps:
+        return f"MISSED (answered {result.rps / result.offered_rps:.2f} of the rate offered)"
     ratio = scaling(result, single)
     return f"{'met' if ratio >= SCALE_OUT_SHARE else 'MISSED'} ({ratio:.2f} of N x one worker)"
 
@@ -189,6 +193,8 @@ def main() -> int:
     parser.add_argument("--workers", default="1,2", help="worker counts to run (default 1,2)")
     parser.add_argument("--rate-per-worker", type=float, default=600.0, help="open-loop req/s of each worker (600)")
     parser.add_argument("--users-per-worker", type=int, default=4, help="users (requests in flight) per worker (4)")
+    parser.add_argument("--ceiling-workers", type=int, default=0,
+                        help="workers of the closed-loop ceiling probe (default: the largest of --workers)")
     parser.add_argument("--instances", type=int, default=8, help="backend stubs of the do-nothing model (8)")
     parser.add_argument("--frontend", default="python-backend", choices=("python-backend", "pytriton"),
                         help="the do-nothing server: the bundled tritonserver alone (default) or PyTriton")
@@ -208,8 +214,9 @@ def main() -> int:
     if not counts or min(counts) < 1 or counts[0] != 1:
         print(f"scale_out: --workers {args.workers!r}: worker counts starting with 1, e.g. 1,2,4,8", file=sys.stderr)
         return 2
-    if args.rate_per_worker <= 0 or args.users_per_worker < 1 or args.instances < 1:
-        print("scale_out: --rate-per-worker above 0, --users-per-worker and --instances of 1 or more", file=sys.stderr)
+    if args.rate_per_worker <= 0 or args.users_per_worker < 1 or args.instances < 1 or args.ceiling_workers < 0:
+        print("scale_out: --rate-per-worker above 0, --users-per-worker and --instances of 1 or more, "
+              "--ceiling-workers of 0 or more", file=sys.stderr)
         return 2
     thresholds = Thresholds(args.server_share, args.host_share, args.worker_share)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -219,7 +226,7 @@ def main() -> int:
     server = harness.start_null(KVCACHE, OUT / "server.log", instances=args.instances,
                                 extra=("--frontend", args.frontend))
     try:
-        ceiling = run(server, max(counts), args, dumps, 0.0)
+        ceiling = run(server, args.ceiling_workers or max(counts), args, dumps, 0.0)
         results = [run(server, n, args, dumps, args.rate_per_worker) for n in counts]
     finally:
         server.stop()
@@ -248,7 +255,7 @@ def main() -> int:
           f"(what the run needed, each worker at {DEFAULT_CORE_SHARE} of a core); the run used N")
     print(f"INVALID: offered above {thresholds.server_share:.0%} of the server's ceiling, host above "
           f"{thresholds.host_share:.0%} of its cores busy, or a worker above {thresholds.worker_share:.0%} of a core; "
-          f"met: the server answered {SCALE_OUT_SHARE} x N x one worker or more")
+          f"met: the server answered {SCALE_OUT_SHARE} x N x one worker and of the rate offered or more")
     print()
     print(f"shape {SHAPE.name}, {args.protocol}, do-nothing model ({args.frontend}) with {args.instances} instances; "
           f"{harness.this_command()}")

@@ -199,8 +199,11 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=30.0, help="seconds of the stage left out (30)")
     parser.add_argument("--tolerance", type=float, default=0.10)
     args = parser.parse_args()
-    if args.minutes < 2 * args.window_minutes or args.every <= 0 or args.every > 20 * args.window_minutes:
-        raise SystemExit("sustained: --minutes of two --window-minutes or more; --every a third of a window at most")
+    if not (0 < 2 * args.window_minutes <= args.minutes and 0 < args.every <= 20 * args.window_minutes
+            and args.rate > 0 and args.users >= 1 and args.warmup >= 0 and args.tolerance > 0):
+        print("sustained: --minutes of two --window-minutes or more, --every above 0 and a third of a window at most, "
+              "--rate and --tolerance above 0, --users of 1 or more, --warmup of 0 or more", file=sys.stderr)
+        return 2
     OUT.mkdir(parents=True, exist_ok=True)
     store = OUT / "store"
     if not (store / "meta.json").exists():

@@ -50,6 +50,14 @@ def test_scale_out_met_at_ninety_percent_and_missed_below():
     assert verdict(result(8, 4800.0), ONE, []) == "met (1.00 of N x one worker)"
 
 
+def test_a_rate_not_kept_is_missed_even_where_one_worker_did_no_better():
+    # one worker offered 600 and carried 500: N x one worker holds for two at 1,000, the schedule does not
+    one = result(1, 500.0, offered=600.0)
+    assert verdict(one, one, []) == "MISSED (answered 0.83 of the rate offered)"
+    assert verdict(result(2, 1000.0, offered=1200.0), one, []).startswith("MISSED (answered 0.83")
+    assert verdict(result(2, 1080.0, offered=1200.0), ONE, []) == "met (0.90 of N x one worker)"
+
+
 def test_a_ceiling_run_is_judged_without_a_ceiling():
     assert limits(result(8, 9000.0), math.inf, 16, Thresholds()) == []
 
@@ -70,7 +78,8 @@ def test_host_times_read_proc_stat():
 
 
 def test_bad_worker_counts_exit_2_before_any_load():
-    for bad in ("2,4", "1,x", "0"):
-        done = subprocess.run([sys.executable, "-m", "bench.scale_out", "--workers", bad], cwd=ROOT,
+    for bad in (["--workers", "2,4"], ["--workers", "1,x"], ["--workers", "0"], ["--rate-per-worker", "0"],
+                ["--ceiling-workers", "-1"]):
+        done = subprocess.run([sys.executable, "-m", "bench.scale_out", *bad], cwd=ROOT,
                               capture_output=True, text=True, timeout=120)
-        assert done.returncode == 2 and "--workers" in done.stderr and done.stderr.count("\n") == 1, bad
+        assert done.returncode == 2 and bad[0] in done.stderr and done.stderr.count("\n") == 1, bad

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from bench.sustained import Books, Sample, books, judge, stretch
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def steady(minutes: int, rss: float = 100.0, cpu_ms: float = 2.0, rps: float = 5.0) -> list[Sample]:
@@ -88,3 +93,11 @@ def test_samples_a_little_late_still_give_windows_of_equal_length():
     v = judge(samples, 30)
     assert (v.first.start_s, v.last.start_s) == (0, pytest.approx(10.05 * 8))
     assert v.first.requests == v.last.requests == 30
+
+
+@pytest.mark.parametrize("bad", [["--minutes", "15"], ["--every", "0"], ["--every", "301"], ["--rate", "0"],
+                                 ["--users", "0"], ["--window-minutes", "0"]])
+def test_bad_options_exit_2_with_one_line_before_any_load(bad):
+    done = subprocess.run([sys.executable, "-m", "bench.sustained", *bad], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and done.stderr.startswith("sustained:"), bad
