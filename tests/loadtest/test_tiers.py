@@ -146,15 +146,17 @@ def test_master_and_workers_steered_to_a_tier_mix_meet_it_and_report_what_the_or
 
 
 def test_open_loop_poisson_arrivals_at_batch_8_meet_the_tier_mix(oracle_servers, sample_store, tmp_path):
-    """Open loop, Poisson arrivals at 40 requests/s from 4 users, batch 8, one process: the mix is met
+    """Open loop, Poisson arrivals at 40 requests/s from 2 users, batch 8, one process: the mix is met
     within 0.02 by the oracle's count and reported within 0.005. The pools are twice the closed-loop
     test's: a batch of 8 (up to ~4,000 tokens) flushes a 3,000-token GPU pool, so with other users'
     requests landing between a prime and its measured request, primed keys left the GPU (0.53/0.35/0.13
-    met). Warm-up: host hits need keys aged past the GPU; with no warm-up here the first 15 measured
-    requests met no host hit and the mix held from about the 25th (0.6 s at 40/s); 2 s gives ~80."""
+    met). For the same reason more users in flight drift GPU hits into host hits: 4 users met 0.592 and
+    0.598 GPU, 2 users 0.5996 and 0.5998. Warm-up: host hits need keys aged past the GPU; with no
+    warm-up (4 users) the first 15 measured requests met no host hit and the mix held from about the
+    25th (0.6 s at 40/s); 2 s gives ~80."""
     oracle = oracle_servers(cached_tokens=True, budget_tokens=2 * GPU, host_budget_tokens=2 * HOST)
     start = len(oracle.records())
-    result = run_locust(tmp_path, "-u", "4", "-r", "4", "--triton-url", oracle.grpc_url, "--workload", "sessions",
+    result = run_locust(tmp_path, "-u", "2", "-r", "2", "--triton-url", oracle.grpc_url, "--workload", "sessions",
                         "--store", str(sample_store), "--hit-ratios", "0.8", "--batch-sizes", "8",
                         "--arrival", "poisson", "--request-rate", "40", "--stage-seconds", "8",
                         "--warmup-seconds", "2", "--max-history", "256", "--verify-fraction", "0",
