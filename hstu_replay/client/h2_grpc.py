@@ -246,18 +246,21 @@ class Connection:
         buffer = self._buffer
         buffer += data
         offset, replies = 0, []
-        while len(buffer) - offset >= 9:
-            high, low, kind, flags, stream = _HEAD.unpack_from(buffer, offset)
-            length = high << 8 | low
-            if length > _MAX_FRAME_READ:
-                self.broken = True
-                raise ServerError(f"INTERNAL: a frame of {length} bytes: not HTTP/2")
-            end = offset + 9 + length
-            if len(buffer) < end:
-                break
-            payload = bytes(buffer[offset + 9:end])
-            offset = end
-            replies += self._frame(kind, flags, stream & 0x7FFFFFFF, payload, call)
+        try:
+            while len(buffer) - offset >= 9:
+                high, low, kind, flags, stream = _HEAD.unpack_from(buffer, offset)
+                length = high << 8 | low
+                if length > _MAX_FRAME_READ:
+                    raise ServerError(f"INTERNAL: a frame of {length} bytes: not HTTP/2")
+                end = offset + 9 + length
+                if len(buffer) < end:
+                    break
+                payload = bytes(buffer[offset + 9:end])
+                offset = end
+                replies += self._frame(kind, flags, stream & 0x7FFFFFFF, payload, call)
+        except ServerError:
+            self.broken = True  # the frames after this one cannot be read
+            raise
         del buffer[:offset]
         if replies:
             send_all(self.sock, replies)
@@ -325,7 +328,6 @@ class Connection:
                 raise Refused(f"the server is going away (GOAWAY, error code {code})")
             return []
         if kind == PUSH_PROMISE:
-            self.broken = True
             raise ServerError("INTERNAL: the server pushed a stream although push is off")
         return []  # PRIORITY, unknown kinds: nothing to do
 

@@ -49,7 +49,8 @@ class Request:
         return ModelInferRequest.FromString(bytes(self.body[5:]))
 
 
-Handler = Callable[["H2Server", h2.connection.H2Connection, Request], "str | None"]
+#: answers through the connection; returns "close" to hang up after, or raw bytes to send after
+Handler = Callable[["H2Server", h2.connection.H2Connection, Request], "str | bytes | None"]
 
 
 def ok(server, conn, request) -> None:
@@ -118,8 +119,11 @@ class H2Server:
                     elif isinstance(event, h2.events.StreamEnded):
                         request = open_requests.pop(event.stream_id)
                         self.requests.append(request)
-                        if self.handler(self, conn, request) == "close":
-                            sock.sendall(conn.data_to_send())
+                        done = self.handler(self, conn, request)
+                        sock.sendall(conn.data_to_send())
+                        if isinstance(done, bytes):  # frames h2 would not write
+                            sock.sendall(done)
+                        if done == "close":
                             return
                 sock.sendall(conn.data_to_send())
 
@@ -304,6 +308,22 @@ def test_a_malformed_message_is_a_server_error(serve, body, text):
 
     with pytest.raises(ServerError, match=text):
         serve(bad).client().infer(INPUTS, ("OUTPUT__0",))
+
+
+def test_a_frame_that_cannot_be_read_fails_the_call_and_the_next_one_reconnects(serve):
+    from hstu_replay.client.h2_grpc import DATA, PADDED, frame_head
+
+    def padded_past_its_end(server, conn, request):
+        conn.send_headers(request.stream, [(b":status", b"200"), (b"content-type", b"application/grpc")])
+        return frame_head(4, DATA, PADDED, request.stream) + b"\x09abc"  # 9 bytes of padding in 3
+
+    answers = iter([padded_past_its_end, ok])
+    server = serve(lambda s, c, r: next(answers)(s, c, r))
+    client = server.client()
+    with pytest.raises(ServerError, match="padding is longer than the frame"):
+        client.infer(INPUTS, ("OUTPUT__0",))
+    client.infer(INPUTS, ("OUTPUT__0",))
+    assert server.connections == 2
 
 
 @pytest.mark.parametrize("code, text", [(h2.errors.ErrorCodes.CANCEL, "CANCELLED"),

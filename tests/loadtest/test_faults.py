@@ -14,7 +14,8 @@ from tests.conftest import ROOT, assert_nothing_left, locust_command, start_serv
 pytestmark = pytest.mark.integration
 
 
-def test_server_killed_and_restarted_mid_run(compiled_repository, sample_store, tmp_path):
+@pytest.mark.parametrize("transport", ["h2", "grpcio"])
+def test_server_killed_and_restarted_mid_run(compiled_repository, sample_store, tmp_path, transport):
     ports = Ports.free()
     server = start_server(compiled_repository, tmp_path / "server1.log", ports=ports)
     grpc_url = server.grpc_url
@@ -23,7 +24,8 @@ def test_server_killed_and_restarted_mid_run(compiled_repository, sample_store, 
         locust_command("--headless", "--only-summary", "--loglevel", "WARNING", "-u", "2", "-r", "2",
                        "--report-dir", str(report_dir), "--triton-url", grpc_url, "--triton-timeout", "5",
                        "--workload", "sessions", "--store", str(sample_store), "--hit-ratios", "0.9",
-                       "--batch-sizes", "2", "--stage-seconds", "24", "--warmup-seconds", "1", "--max-history", "256"),
+                       "--batch-sizes", "2", "--stage-seconds", "24", "--warmup-seconds", "1", "--max-history", "256",
+                       "--triton-grpc-transport", transport),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
     )
     restarted = None
@@ -65,7 +67,8 @@ def test_server_killed_and_restarted_mid_run(compiled_repository, sample_store, 
     assert "Traceback" not in err
 
 
-def test_a_slow_server_counts_timeouts_without_pile_up(compiled_repository, reference_dumps, tmp_path):
+@pytest.mark.parametrize("transport", ["h2", "grpcio"])
+def test_a_slow_server_counts_timeouts_without_pile_up(compiled_repository, reference_dumps, tmp_path, transport):
     """Cold batches of 8 long histories take tens of ms here; a 5 ms deadline makes them time out.
 
     Its own server: requests abandoned by their client have been seen to wedge the PyTriton
@@ -78,7 +81,7 @@ def test_a_slow_server_counts_timeouts_without_pile_up(compiled_repository, refe
         result = run_locust(
             tmp_path / "report", "-u", "2", "-r", "2", "--triton-url", server.grpc_url, "--triton-timeout", "0.005",
             "--workload", "dumps", "--dump-dir", str(reference_dumps), "--hit-ratios", "0", "--batch-sizes", "8",
-            "--stage-seconds", "4", "--warmup-seconds", "0", "--max-history", "256",
+            "--stage-seconds", "4", "--warmup-seconds", "0", "--max-history", "256", "--triton-grpc-transport", transport,
         )
     finally:
         server.process.kill()
