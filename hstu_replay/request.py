@@ -219,19 +219,22 @@ def _split(values: np.ndarray, lengths: np.ndarray, num_candidates: np.ndarray) 
         raise InputError(f"lengths sum to {int(lengths.sum())} but values has {len(values)}")
     if np.any(num_candidates > items_len):
         raise InputError("a user has more candidates than items")
-    head = values[: NUM_CONTEXT_TOKENS * batch].reshape(NUM_CONTEXT_TOKENS, batch)
-    item_starts = NUM_CONTEXT_TOKENS * batch + np.concatenate([[0], np.cumsum(items_len)])
-    action_starts = item_starts + int(items_len.sum())
+    # the per-user numbers as Python ints in one conversion each: cheaper than indexing numpy per user
+    head = values[: NUM_CONTEXT_TOKENS * batch].reshape(NUM_CONTEXT_TOKENS, batch).T.tolist()
+    item_starts = (NUM_CONTEXT_TOKENS * batch + np.concatenate([[0], np.cumsum(items_len)])).tolist()
+    total_items = item_starts[-1] - item_starts[0]
+    hists = (items_len - num_candidates).tolist()
     users = []
     for b in range(batch):
-        hist = int(items_len[b] - num_candidates[b])
-        items = values[item_starts[b] : item_starts[b + 1]]
+        hist, first = hists[b], item_starts[b]
+        items = values[first : item_starts[b + 1]]
+        actions_at = first + total_items
         users.append(
             UserRequest(
-                user_id=int(head[0, b]),
-                context=tuple(int(x) for x in head[1:, b]),
+                user_id=head[b][0],
+                context=tuple(head[b][1:]),
                 history_items=items[:hist],
-                history_actions=values[action_starts[b] : action_starts[b] + hist],
+                history_actions=values[actions_at : actions_at + hist],
                 candidates=items[hist:],
             )
         )

@@ -76,9 +76,7 @@ class BatchedEngine:
             total = np.array([p.total for p in placed], dtype=np.int64)
             n_hist, n_cand = total - hit, np.array([len(u.candidates) for u in users], dtype=np.int64)
             hist_pos = np.concatenate([np.arange(p.hit, p.total) for p in placed])
-            page_table = np.zeros((len(users), max(len(p.pages) for p in placed)), dtype=np.int64)
-            for row, p in zip(page_table, placed):
-                row[:len(p.pages)] = p.pages
+            page_table = cache.page_table(placed)
             positions = np.concatenate([hist_pos, np.repeat(total, n_cand)])
             plan = WorkPlan.plan(hit, n_hist, n_cand, cfg.num_heads)
             candidates = [np.asarray(u.candidates, dtype=np.int64) for u in users]

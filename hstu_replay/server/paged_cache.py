@@ -20,6 +20,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -72,6 +73,7 @@ class PagedKVCache:
                                                 dtype=dtype, device=self.device)
         self._pages: dict[int, list[int]] = {}  # key -> its pages, in token order
         self._free: list[int] = []  # a stack of allocated free pages: low pages first
+        self._rows: dict[int, np.ndarray] = {}  # key -> its pages as an array, made when first asked for
         self.counters = CacheCounters()
         self.generation = 0  # how many times the pool was (re)allocated: what holds its addresses checks this
         self._grow(min(self.num_pages, request_pages))
@@ -187,7 +189,22 @@ class PagedKVCache:
         if self.host is not None:
             self.host.clear()
 
+    def page_table(self, users: Sequence[UserPages]) -> np.ndarray:
+        """The users' pages as the rows of one int64 table (short rows padded with page 0); a user's
+        row is kept as an array while its pages stay the same, so a cached user costs no conversion."""
+        rows = []
+        for user in users:
+            row = self._rows.get(user.key)
+            if row is None or len(row) != len(user.pages):  # pages only grow while a key holds them
+                row = self._rows[user.key] = np.array(user.pages, dtype=np.int64)
+            rows.append(row)
+        table = np.zeros((len(rows), max(len(row) for row in rows)), dtype=np.int64)
+        for line, row in zip(table, rows):
+            line[:len(row)] = row
+        return table
+
     def _release(self, key: int) -> None:
+        self._rows.pop(key, None)
         self._free.extend(reversed(self._pages.pop(key, [])))
 
     @property

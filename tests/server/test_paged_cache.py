@@ -2,6 +2,7 @@
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -206,3 +207,24 @@ def test_the_pool_grows_in_doublings_as_pages_are_used_and_keeps_what_it_holds()
         assert bool((c.pool_k[:, c.slots(owned, 0, 46)] == float(key)).all())
     c.clear()
     assert c.allocated_pages == 24 and c.free_pages == 24  # memory taken stays taken
+
+
+def test_the_page_table_follows_each_users_pages_through_growth_eviction_and_clear():
+    c = cache(budget_tokens=128)
+
+    def table(*pairs):
+        placed = c.begin([k for k, _ in pairs], [t for _, t in pairs])
+        c.finish([k for k, _ in pairs])
+        # the oracle: each user's own pages written out by hand, zero padded
+        width = max(len(p.pages) for p in placed)
+        expected = [list(p.pages) + [0] * (width - len(p.pages)) for p in placed]
+        got = c.page_table(placed)
+        assert got.dtype == np.int64 and got.tolist() == expected
+        return expected
+
+    assert table((1, 20), (2, 40)) == table((1, 20), (2, 40))  # kept rows, same answer
+    table((1, 40), (2, 40))  # user 1 grew a page: its row follows
+    table((3, 46), (4, 46))  # evicts 1 and 2: their pages go to 3 and 4
+    table((1, 20), (2, 46))  # 1 and 2 again, on other pages than their first rows
+    c.clear()
+    table((2, 20), (1, 46))
