@@ -64,7 +64,8 @@ class ClientOptions:
 
     def __repr__(self) -> str:  # header values are secrets (auth tokens)
         return (f"ClientOptions(url={self.url!r}, protocol={self.protocol!r}, model={self.model!r}, ssl={self.ssl}, "
-                f"grpc_transport={self.grpc_transport!r}, root_certificates={self.root_certificates!r}, headers={sorted(self.headers)} (values hidden))")
+                f"grpc_transport={self.grpc_transport!r}, root_certificates={self.root_certificates!r}, "
+                f"headers={sorted(self.headers)} (values hidden))")
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,8 @@ def test_the_same_buffers_are_the_same_arrays_not_equal_ones():
 
 
 def test_the_message_as_buffers_is_the_joined_message_and_says_its_size():
-    inputs = [("INPUT__0", (np.arange(3, dtype=np.int64), np.array([], dtype=np.int64), np.arange(200, dtype=np.int64))),
+    pieces = (np.arange(3, dtype=np.int64), np.array([], dtype=np.int64), np.arange(200, dtype=np.int64))
+    inputs = [("INPUT__0", pieces),
               ("INPUT__1", (np.array([5], dtype=np.int64),))]
     message = encode_parts("m", inputs, ("OUTPUT__0",))
     joined = b"".join(memoryview(p).cast("B").tobytes() for p in message.parts)

@@ -159,8 +159,9 @@ def test_a_call_sends_the_grpc_request_and_reads_the_answer(serve):
     assert (h[b"x-token"], h[b"triton-grpc-protocol-a"]) == (b"secret", b"b")  # names in lower case
     message = request.message
     assert message.model_name == "m" and [o.name for o in message.outputs] == ["OUTPUT__0"]
-    np.testing.assert_array_equal(np.frombuffer(message.raw_input_contents[0], "<i8"), np.r_[np.arange(5), np.arange(7)])
-    np.testing.assert_array_equal(np.frombuffer(message.raw_input_contents[1], "<i8"), [3, 4])
+    sent = [np.frombuffer(raw, "<i8") for raw in message.raw_input_contents]
+    np.testing.assert_array_equal(sent[0], np.r_[np.arange(5), np.arange(7)])
+    np.testing.assert_array_equal(sent[1], [3, 4])
 
 
 def test_calls_share_one_connection_on_new_streams(serve):
@@ -192,7 +193,8 @@ def test_with_windows_wide_enough_a_request_goes_out_in_one_write(serve, monkeyp
     from hstu_replay.client import h2_grpc
 
     writes, send_all = [], h2_grpc.send_all
-    monkeypatch.setattr(h2_grpc, "send_all", lambda sock, buffers: writes.append(list(buffers)) or send_all(sock, buffers))
+    monkeypatch.setattr(h2_grpc, "send_all",
+                        lambda sock, buffers: writes.append(list(buffers)) or send_all(sock, buffers))
     server = serve(window=4_194_304, max_frame=4_194_304)
     client = server.client()
     big = np.arange(67_184, dtype=np.int64)
@@ -249,7 +251,8 @@ def status_answer(code: int, message: bytes = b"", trailers_only: bool = False, 
     (5, b"Request for unknown model", ServerUnavailable, "NOT_FOUND: Request for unknown model"),
     (16, b"no", AccessDenied, "UNAUTHENTICATED: no"),
     (7, b"no", AccessDenied, "PERMISSION_DENIED: no"),
-    (14, b"This protocol is restricted, expecting header 'x'", AccessDenied, "UNAVAILABLE: This protocol is restricted"),
+    (14, b"This protocol is restricted, expecting header 'x'", AccessDenied,
+     "UNAVAILABLE: This protocol is restricted"),
     (3, b"unexpected inference input %27INPUT__9%27%20100%25", ServerError,
      "INVALID_ARGUMENT: unexpected inference input 'INPUT__9' 100%"),
     (13, b"", ServerError, "INTERNAL: "),

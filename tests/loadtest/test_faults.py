@@ -81,7 +81,8 @@ def test_a_slow_server_counts_timeouts_without_pile_up(compiled_repository, refe
         result = run_locust(
             tmp_path / "report", "-u", "2", "-r", "2", "--triton-url", server.grpc_url, "--triton-timeout", "0.005",
             "--workload", "dumps", "--dump-dir", str(reference_dumps), "--hit-ratios", "0", "--batch-sizes", "8",
-            "--stage-seconds", "4", "--warmup-seconds", "0", "--max-history", "256", "--triton-grpc-transport", transport,
+            "--stage-seconds", "4", "--warmup-seconds", "0", "--max-history", "256",
+            "--triton-grpc-transport", transport,
         )
     finally:
         server.process.kill()
