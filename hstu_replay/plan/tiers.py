@@ -99,8 +99,7 @@ class TierModel:
 
     def serve(self, request: Sequence[tuple[int, int]]) -> TierHits:
         """Account one request of (key, total_history_length) pairs."""
-        self.gpu.check(request)
-        found = [self.lookup(k, t) for k, t in request]
+        found = [self.lookup(k, t) for k, t in request]  # read before serving: serve checks the request first
         self.gpu.serve(request)
         if self.host is not None:
             self.host.serve([(k, max(self.offloaded(t), self.host.held(k))) for k, t in request])

@@ -242,31 +242,34 @@ class TimelineSource:
     def next_step(self, target: float, batch_size: int) -> PlannedStep:
         t, tl = self.timeline.trace, self.timeline
         r = tl.take()
-        visits = range(int(tl.bounds[r]), int(tl.bounds[r + 1]))
+        rows = slice(int(tl.bounds[r]), int(tl.bounds[r + 1]))
+        # the step's visits as plain ints, one conversion per column instead of one per field and visit
+        visit_users = t.users[rows].tolist()
+        visits = zip(visit_users, t.epoch[rows].tolist(), t.first[rows].tolist(), t.history[rows].tolist(),
+                     t.starts[rows].tolist(), t.candidates[rows].tolist(), t.times_ms[rows].tolist(),
+                     t.kind[rows].tolist())
         users, hits, labels = [], [], []
-        for i in visits:
-            u, epoch = int(t.users[i]), int(t.epoch[i])
+        for u, epoch, f, h, s, c, time_ms, kind in visits:
             if u in tl.keys and tl.epochs[u] != epoch:  # rebased: what the key holds is no prefix of it
                 self.retired.add(tl.keys.pop(u))
             if u not in tl.keys:
                 tl.keys[u], tl.held[u], tl.epochs[u] = self.keys.new_key(), 0, epoch
             history = tl.user(u)
-            f, h, s = int(t.first[i]), int(t.history[i]), int(t.starts[i])
             users.append(UserRequest(
                 user_id=history.user_id, context=history.context,
                 history_items=np.asarray(history.video_ids[f:f + h], dtype=np.int64),
                 history_actions=np.asarray(history.actions[f:f + h], dtype=np.int64),
-                candidates=np.asarray(history.video_ids[s:s + int(t.candidates[i])], dtype=np.int64),
+                candidates=np.asarray(history.video_ids[s:s + c], dtype=np.int64),
                 cache_key=tl.keys[u]))
             hits.append(tl.held[u])
-            labels.append(f"user {history.user_id} visit at {int(t.times_ms[i])} ms items {h} {KINDS[t.kind[i]]}")
+            labels.append(f"user {history.user_id} visit at {time_ms} ms items {h} {KINDS[kind]}")
         if tl.skipped[r]:
             n = int(tl.skipped[r])
             labels.append(f"skipped {n} visits {n * history_tokens(t.history_cap)} tokens")
         try:
             request = build_request(users, tl.limits)
         except HstuReplayError:
-            tl.release(int(t.users[i]) for i in visits)
+            tl.release(visit_users)
             raise
         return PlannedStep(request=request, expected_hits=tuple(hits), label="; ".join(labels),
                            goal_ratio=target, handles=(r,), send_at_s=tl.send_at_s(r))

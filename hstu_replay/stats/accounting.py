@@ -8,6 +8,7 @@ knows nothing of Locust or of how requests are sent: the load generator hands it
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -114,15 +115,16 @@ class Accountant:
         """Tokens and users per tier: the model's always, the server's where it sends HOST_CACHED_TOKENS."""
         host = sent.predicted_host_hits or (0,) * len(sent.predicted_hits)
         b.predicted_host_hits += sum(host)
-        for tier in map(tier_of, sent.predicted_hits, host):
-            b.add_tier_user("predicted", tier)
+        for tier, users in Counter(map(tier_of, sent.predicted_hits, host)).items():
+            b.add_tier_user("predicted", tier, users)
         outcome = sent.outcome
         if outcome.cached_tokens is None or outcome.host_cached_tokens is None:
             return
         b.observed_host_hits += int(outcome.host_cached_tokens.sum())
         b.observed_tier_tokens += tokens
-        for hit, onboarded in zip(outcome.cached_tokens.tolist(), outcome.host_cached_tokens.tolist()):
-            b.add_tier_user("observed", tier_of(hit, onboarded))
+        observed = map(tier_of, outcome.cached_tokens.tolist(), outcome.host_cached_tokens.tolist())
+        for tier, users in Counter(observed).items():
+            b.add_tier_user("observed", tier, users)
 
     def _record(self, sent: Sent, tokens: int) -> dict:
         outcome = sent.outcome

@@ -109,10 +109,10 @@ class BinStats:
         values["first_start"] = math.inf if d["first_start"] is None else d["first_start"]
         return cls(**values)
 
-    def add_tier_user(self, source: str, tier) -> None:
-        """One user of a measured request, by where its reuse came from (`source`: predicted or observed)."""
+    def add_tier_user(self, source: str, tier, users: int = 1) -> None:
+        """Users of a measured request, by where their reuse came from (`source`: predicted or observed)."""
         name = f"{source}_{tier.value}_users"
-        setattr(self, name, getattr(self, name) + 1)
+        setattr(self, name, getattr(self, name) + users)
 
     # -- derived figures --------------------------------------------------------------
 

@@ -83,3 +83,18 @@ def test_an_outage_is_timed_in_the_stage_it_began_and_opens_a_new_epoch():
     assert availability.answered(now=22.5)
     assert stats.bins[STAGE].server_down_s == 12.5 and availability.epoch == 1
     assert len(said) == 2 and "after 12.5 s" in said[1]
+
+
+def test_users_are_counted_by_tier_predicted_and_observed():
+    stats = RunStats()
+    acc = Accountant(stats, None, worker_index=0)
+    observed = Outcome(0.01, cached_tokens=np.array([10, 0, 0, 7]), host_cached_tokens=np.array([10, 0, 0, 0]))
+    for _ in range(2):
+        acc.file(Sent("measure", STAGE, _Request((20, 20, 20, 20)), (0,) * 4, (10, 0, 5, 7), observed, "x", 0,
+                      predicted_host_hits=(0, 0, 5, 0)))
+    b = stats.bin(STAGE)
+    # by hand, per request: predicted users 0 and 3 reuse from the GPU, 2 from the host, 1 nothing;
+    # observed: user 0 onboarded from the host, 3 from the GPU, 1 and 2 nothing
+    assert (b.predicted_gpu_users, b.predicted_host_users, b.predicted_miss_users) == (4, 2, 2)
+    assert (b.observed_gpu_users, b.observed_host_users, b.observed_miss_users) == (2, 2, 4)
+    assert (b.predicted_host_hits, b.observed_host_hits) == (10, 20)
