@@ -165,8 +165,9 @@ def _protocol(args: argparse.Namespace) -> int:
 def _write(report: dict, out: Path | None) -> None:
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write(out / JSON_NAME, report_json(report))
+        # the page first: once protocol.json is there (what a watcher waits for), both are
         atomic_write(out / HTML_NAME, render_protocol_html(report).encode())
+        atomic_write(out / JSON_NAME, report_json(report))
 
 
 def _served(client, model: str) -> int | None:
