@@ -18,10 +18,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import astuple, dataclass
 from pathlib import Path
 
@@ -155,6 +157,25 @@ def wait_ready(ready: Callable[[], bool], what: str, exited: Callable[[], str | 
         time.sleep(POLL_S)
 
 
+@contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Ctrl-C or SIGTERM waits until the block is done: raised inside `Popen`, it would leave a child
+    (in a session of its own) that nobody knows the pid of. Only the main thread handles signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {signum: signal.signal(signum, lambda signum, frame: held.append(signum)) for signum in signals}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        for signum in held[:1]:
+            signal.raise_signal(signum)  # now, to the handler that was there before
+
+
 class ServerProcess:
     """One server child. Made first, started by `start()`, so that whoever holds it can always
     `stop()` it (safe at any point, more than once, started or not). As a context manager it is
@@ -190,7 +211,7 @@ class ServerProcess:
     def start(self) -> None:
         # Ports already taken before the start are someone else's: teardown checks only the others.
         self.own_ports = tuple(port for port in self.ports.all() if port_free(port))
-        with self.log.open("wb") as out:
+        with self.log.open("wb") as out, _interrupts_held():
             # A session of its own: a Ctrl-C at the terminal reaches the caller, which stops it in order.
             self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, cwd=self.cwd,
                                             stdin=subprocess.DEVNULL, start_new_session=True)

@@ -4,6 +4,7 @@ serve` write them), start, readiness, stop and teardown against a stand-in serve
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -72,6 +73,25 @@ def test_a_server_is_started_waited_for_and_stopped_with_nothing_left(tmp_path):
     teardown = server.stop()  # again: the same answer
     assert teardown.exit_code == -15 and teardown.clean and not teardown.forced
     assert port_free(ports.http) and server.process.pid in server.family
+
+
+def test_ctrl_c_in_the_middle_of_the_start_still_leaves_a_server_that_can_be_stopped(tmp_path, monkeypatch):
+    """The interrupt lands inside `Popen`, after the child exists: it is raised once the child is kept."""
+    popen = subprocess.Popen
+
+    def interrupted_popen(*args, **kwargs):
+        child = popen(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        return child
+
+    monkeypatch.setattr(subprocess, "Popen", interrupted_popen)
+    ports = Ports.free(cache_metrics=False)
+    server = ServerProcess([sys.executable, "-c", STAND_IN, str(ports.http)], tmp_path / "log", ports, ("m",))
+    with pytest.raises(KeyboardInterrupt):
+        server.start()
+    assert server.process is not None
+    teardown = server.stop()
+    assert teardown.clean and server.process.poll() is not None and port_free(ports.http)
 
 
 def test_a_server_that_dies_while_starting_is_named_by_its_own_error_line(tmp_path):

@@ -192,10 +192,9 @@ def run_l0(options: L0Options) -> tuple[int, FlowRecord]:
             try:
                 _prepare(options, layout, record)
                 server = _server(options, layout)
+                record.facts["server"] = {"ports": vars(server.ports), "log": str(server.log)}
                 with _step(record, "serve"):
                     server.start()
-                    record.facts["server"] = {"pid": server.process.pid, "ports": vars(server.ports),
-                                              "log": str(server.log)}
                     _wait_ready(options, server, record)
                 _replay(options, layout, server, record)
                 record.status = "pass"
@@ -329,6 +328,8 @@ def hit_warnings(passes: list[dict]) -> list[str]:
 
 
 def _teardown(server: ServerProcess, record: FlowRecord) -> Teardown:
+    if server.process is not None:  # recorded here, where it is known however the run ended
+        record.facts["server"]["pid"] = server.process.pid
     started = time.perf_counter()
     teardown = server.stop()
     record.steps["teardown"] = round(time.perf_counter() - started, 3)

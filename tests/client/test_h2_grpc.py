@@ -6,6 +6,7 @@ all. The answers of a real server are checked in test_triton.py against NVIDIA's
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -73,14 +74,22 @@ class H2Server:
         self.listener.settimeout(0.2)
         self.port = self.listener.getsockname()[1]
         self.stopped = False
+        self.open: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def client(self, timeout_s: float = 5.0, headers: dict | None = None) -> H2Grpc:
         return H2Grpc("127.0.0.1", self.port, "m", headers or {}, timeout_s)
 
     def stop(self) -> None:
+        """Stop listening and hang up every open connection at once (a thread blocked in `recv`
+        would otherwise answer one more request)."""
         self.stopped = True
         self.listener.close()
+        for sock in self.open:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def _accept(self) -> None:
         while not self.stopped:
@@ -89,6 +98,7 @@ class H2Server:
             except (TimeoutError, OSError):
                 continue
             self.connections += 1
+            self.open.append(sock)
             threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
 
     def _serve(self, sock: socket.socket) -> None:
@@ -101,12 +111,9 @@ class H2Server:
         sock.sendall(conn.data_to_send())
         sock.settimeout(10)
         open_requests: dict[int, Request] = {}
-        with sock:
+        with sock, contextlib.suppress(OSError):  # a connection hung up by `stop` ends here
             while not self.stopped:
-                try:
-                    data = sock.recv(65536)
-                except OSError:
-                    return
+                data = sock.recv(65536)
                 if not data:
                     return
                 for event in conn.receive_data(data):
