@@ -3,6 +3,8 @@
 `export_package` writes the per-user KV step (`model.KVStep`); `load_package` gives back a
 callable with the eager `Compute` signature. `export_nocache_package` writes the published
 `hstu_gr_ranking` interface: (values, lengths, num_candidates) -> logits, self-contained.
+`export_batched_step` writes the batched engine's whole forward pass (`batched_step.BatchedStep`:
+paged pool written in place, attention kernel inside on a GPU); `BatchedStepPackage` runs it.
 Loading uses torch's AOTIModelPackageLoader directly: `aoti_load_package` would run a C++
 compiler at load time, which a server must not need.
 
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.fx.experimental._config
 from torch import Tensor
 from torch.export import Dim
 
@@ -65,6 +68,33 @@ def export_nocache_package(model: HSTUModel, config: ModelConfig, path: str | os
     n_values = Dim("values", min=1, max=config.max_batch * (6 + 2 * (config.max_history + config.max_candidates)))
     shapes = ({0: n_values}, {0: 8 * batch}, {0: batch})
     return _compile(JaggedRanker(model).eval(), (values, lengths, num_candidates), shapes, path)
+
+
+def export_batched_step(model: HSTUModel, page_tokens: int, path: str | os.PathLike) -> PackageInfo:
+    """Compile the batched forward pass with dynamic token, user, page, item, slot and pool sizes."""
+    from hstu_replay.server.attention_ops import exportable
+    from hstu_replay.server.batched_step import BatchedStep
+
+    cfg, device = model.config, _device(model)
+    dtype = next(model.parameters()).dtype
+    tokens, users, width = Dim("tokens", min=1, max=cfg.max_batch * (cfg.max_history_tokens + cfg.max_candidates)), \
+        Dim("users", min=1, max=cfg.max_batch), Dim("pages", min=1)
+    items, slots, pool = Dim("items", min=1), Dim("slots", min=0, max=cfg.max_batch * cfg.max_history_tokens), Dim("pool")
+    # Example sizes distinct from each other and above 1, so no dim is unified or specialised.
+    n_hist, n_cand, n_users, n_pages, n_items, n_slots = 11, 6, 3, 5, 4, 12 * page_tokens
+    step = BatchedStep(model, page_tokens, exportable(device, page_tokens, cfg.attn_normaliser)).eval()
+    int64 = dict(dtype=torch.int64, device=device)
+    pool_shape = (cfg.num_layers, n_slots, cfg.num_heads, cfg.head_dim)
+    args = (torch.zeros(n_hist + n_cand, **int64), torch.zeros(n_hist + n_cand, **int64),
+            torch.zeros(n_hist + n_cand, **int64), torch.zeros(n_users, n_pages, **int64),
+            torch.zeros(n_items, 7, **int64), torch.arange(n_hist, **int64),
+            torch.zeros(pool_shape, dtype=dtype, device=device), torch.zeros(pool_shape, dtype=dtype, device=device))
+    shapes = ({0: tokens}, {0: tokens}, {0: tokens}, {0: users, 1: width}, {0: items}, {0: slots},
+              {1: pool}, {1: pool})
+    # sizes 0 and 1 are real here (a fully cached request writes no slot; one user has one candidate):
+    # reason about every size alike instead of assuming them away
+    with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+        return _compile(step, args, shapes, path)
 
 
 def _device(model: HSTUModel) -> torch.device:
@@ -170,6 +200,27 @@ class NoCachePackage:
         with torch.inference_mode():
             inputs = [t.to(self.device).contiguous() for t in (values, lengths, num_candidates)]
             return self._loader.run(inputs)[0]
+
+
+class BatchedStepPackage:
+    """A loaded batched-step package behind `BatchedStep`'s call (its `split` is not needed: the
+    package's attention adds partial sums whatever the plan)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self._loader = _loader(path)
+
+    def __call__(self, ids: Tensor, kinds: Tensor, positions: Tensor, page_table: Tensor, items: Tensor, slots: Tensor,
+                 pool_k: Tensor, pool_v: Tensor, split: bool = True) -> Tensor:
+        inputs = [t if t.is_contiguous() else t.contiguous() for t in (ids, kinds, positions, page_table, items, slots)]
+        return self._loader.run([*inputs, pool_k, pool_v])[0]
+
+
+def load_batched_step(path: str | os.PathLike) -> BatchedStepPackage:
+    """Load a batched-step package without a compiler; on a CPU, its attention operator is this process's."""
+    import hstu_replay.server.attention_ops  # noqa: F401  (registers hstu_replay::paged_attention)
+
+    return BatchedStepPackage(path)
 
 
 def load_package(path: str | os.PathLike) -> PackageCompute:

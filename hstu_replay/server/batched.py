@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from hstu_replay.cache_ledger import pages
@@ -24,17 +24,21 @@ from hstu_replay.server.config import ModelConfig
 from hstu_replay.server.engine import InferResult, check_fits, history_ids
 from hstu_replay.server.host_tier import HostTierOptions, KVLayout
 from hstu_replay.server.model import ITEM_KIND, HSTUModel, history_kinds
-from hstu_replay.server.paged_attention import WorkPlan, paged_attention
+from hstu_replay.server.batched_step import BatchedStep
+from hstu_replay.server.paged_attention import WorkPlan
 from hstu_replay.server.phases import NO_CLOCK
 from hstu_replay.server.paged_cache import PagedKVCache, UserPages
 from hstu_replay.server.step_graphs import StepGraphs, StepInputs, StepShape, graphs_enabled
 
 
 class BatchedEngine:
-    def __init__(self, model: HSTUModel, cache: PagedKVCache) -> None:
+    def __init__(self, model: HSTUModel, cache: PagedKVCache, forward_step: Callable[..., Tensor] | None = None) -> None:
+        """`forward_step`: the forward pass with `BatchedStep`'s signature (default: `BatchedStep` itself,
+        eager; an AOTInductor package of it serves the same way)."""
         self.config: ModelConfig = model.config
         self.model = model
         self.cache = cache
+        self.forward_step = forward_step or BatchedStep(model, cache.page_tokens)
         self.device = cache.pool_k.device
         self._lock = threading.Lock()
         self.table_pages = pages(self.config.max_history_tokens, cache.page_tokens)  # a full user's pages
@@ -106,28 +110,20 @@ class BatchedEngine:
     def step(self, inputs: StepInputs, split: bool, slots: Tensor | None = None) -> Tensor:
         """The forward pass on device tensors: the new history tokens (written to the pool at `slots`)
         first, then the candidates; returns the candidates' logits (float32, on the device)."""
-        cfg, model, cache = self.config, self.model, self.cache
-        n_hist = 0 if slots is None else len(slots)
+        if slots is None:
+            slots = inputs.ids.new_empty(0)
         with torch.inference_mode():
-            x = model.embed(inputs.ids, inputs.kinds, inputs.positions)
-            for layer, pool_k, pool_v in zip(model.layers, cache.pool_k, cache.pool_v):
-                u, v, q, k = F.silu(layer.uvqk(layer.norm_in(x))).split(cfg.attn_dim, dim=-1)
-                q, k, v = (t.unflatten(-1, (cfg.num_heads, cfg.head_dim)) for t in (q, k, v))
-                if n_hist:
-                    pool_k.index_copy_(0, slots, k[:n_hist])
-                    pool_v.index_copy_(0, slots, v[:n_hist])
-                attn = paged_attention(q, k, v, pool_k, pool_v, inputs.page_table, split, inputs.items,
-                                       cache.page_tokens, cfg.attn_normaliser)
-                x = x + layer.out(layer.norm_attn(attn.flatten(1)) * u)
-            return model.head(x[n_hist:]).float()
+            return self.forward_step(inputs.ids, inputs.kinds, inputs.positions, inputs.page_table, inputs.items, slots,
+                                     self.cache.pool_k, self.cache.pool_v, split)
 
 
 def build_batched_engine(model: HSTUModel, budget_tokens: int, page_tokens: int,
-                         host: HostTierOptions | None = None) -> BatchedEngine:
+                         host: HostTierOptions | None = None,
+                         forward_step: Callable[..., Tensor] | None = None) -> BatchedEngine:
     """An engine over `model` (already on its device) with a pool for `budget_tokens` cached tokens
-    and, given `host`, a host tier behind it."""
+    and, given `host`, a host tier behind it; `forward_step` as for `BatchedEngine`."""
     weight = model.embed.table.weight
     layout = KVLayout(model.config.num_layers, model.config.num_heads, model.config.head_dim, weight.dtype)
     tier = (host or HostTierOptions()).build(page_tokens, layout, weight.device)
     cache = PagedKVCache(model.config, budget_tokens, page_tokens, weight.device, weight.dtype, tier)
-    return BatchedEngine(model, cache)
+    return BatchedEngine(model, cache, forward_step)

@@ -2,7 +2,10 @@
 
 Engine kinds: `aoti` serves the AOTInductor packages of a compiled repository, one user after
 another (the published torch_aoti path); `batched` serves the eager model with every user of a
-request in one pass over a paged KV pool (`batched.BatchedEngine`; the fast path on a GPU).
+request in one pass over a paged KV pool (`batched.BatchedEngine`; the fast path on a GPU);
+`batched-aoti` is that engine with its whole forward pass (pool writes and attention kernel
+included) compiled by AOTInductor into the repository. `prepare_engine` compiles what a kind
+needs before any server process loads it.
 """
 
 from __future__ import annotations
@@ -65,9 +68,7 @@ def load_engines(root: str | Path, cache_budget_tokens: int | None, page_tokens:
 
 def _aoti_engines(repository: str | Path, config: ModelConfig, seed: int, cache_budget_tokens: int,
                   page_tokens: int, device: str, host: HostTierOptions = HostTierOptions()) -> Engines:
-    if config != get_config(config.name):
-        raise ConfigError("--dtype applies to --engine batched; the compiled packages keep the config's type")
-    export_repository(repository, config.name, seed, device)
+    _prepare_aoti(repository, config, seed, page_tokens, device)
     return load_engines(repository, cache_budget_tokens, page_tokens, device, host)
 
 
@@ -81,4 +82,52 @@ def _batched_engines(repository: str | Path, config: ModelConfig, seed: int, cac
                    uncached=build_batched_engine(model, 0, page_tokens))
 
 
-ENGINE_KINDS: dict[str, Callable[..., Engines]] = {"aoti": _aoti_engines, "batched": _batched_engines}
+def batched_step_path(repository: str | Path, config: ModelConfig, seed: int, page_tokens: int, device: str) -> Path:
+    """Where `batched-aoti` keeps its package: one per config, type, device, page size, seed and torch."""
+    return RepositoryLayout(Path(repository)).batched_step(
+        f"{config.name}-{config.dtype}-{device}-page{page_tokens}-seed{seed}-torch{torch.__version__}")
+
+
+def _batched_step_package(repository: str | Path, config: ModelConfig, seed: int, page_tokens: int, device: str):
+    from hstu_replay.server.aoti import export_batched_step, load_batched_step
+
+    path = batched_step_path(repository, config, seed, page_tokens, device)
+    if not path.is_file():
+        print(f"hstu-replay: compiling the batched {config.name} step with AOTInductor into {path} "
+              f"(one time; a minute or more)...", file=sys.stderr, flush=True)
+        info = export_batched_step(build_model(config, seed).to(device), page_tokens, path)
+        print(f"hstu-replay: compiled in {info.compile_seconds:.1f} s", file=sys.stderr, flush=True)
+    return load_batched_step(path)
+
+
+def _batched_aoti_engines(repository: str | Path, config: ModelConfig, seed: int, cache_budget_tokens: int,
+                          page_tokens: int, device: str, host: HostTierOptions = HostTierOptions()) -> Engines:
+    """`batched` with the package of its forward pass (compiled into `repository` when missing)."""
+    from hstu_replay.server.batched import build_batched_engine
+
+    package = _batched_step_package(repository, config, seed, page_tokens, device)
+    model = build_model(config, seed).to(device)
+    return Engines(cached=build_batched_engine(model, cache_budget_tokens, page_tokens, host, package),
+                   uncached=build_batched_engine(model, 0, page_tokens, forward_step=package))
+
+
+ENGINE_KINDS: dict[str, Callable[..., Engines]] = {"aoti": _aoti_engines, "batched": _batched_engines,
+                                                   "batched-aoti": _batched_aoti_engines}
+
+
+def _prepare_aoti(repository: str | Path, config: ModelConfig, seed: int, page_tokens: int, device: str) -> None:
+    if config != get_config(config.name):
+        raise ConfigError("--dtype applies to --engine batched and batched-aoti; the compiled packages keep the "
+                          "config's type")
+    export_repository(repository, config.name, seed, device)
+
+
+#: what an engine kind compiles before it serves (kinds not named here need nothing)
+_PREPARE: dict[str, Callable[..., object]] = {"aoti": _prepare_aoti, "batched-aoti": _batched_step_package}
+
+
+def prepare_engine(kind: str, repository: str | Path, config: ModelConfig, seed: int, page_tokens: int,
+                   device: str) -> None:
+    """Compile what engine `kind` serves from, once, before any server process loads it."""
+    if kind in _PREPARE:
+        _PREPARE[kind](repository, config, seed, page_tokens, device)

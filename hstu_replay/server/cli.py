@@ -28,9 +28,10 @@ SERVE_OPTIONS = (
            choices=("native", "flexkv")),
     Option("--offload-chunk-tokens", "the native mode's chunk (NVIDIA's offload_chunksize)", 1024, int),
     Option("--engine", "aoti: the compiled packages, one user at a time; batched: every user of a request in one "
-                       "pass over a paged KV pool (the fast path on a GPU; nothing to compile)", "aoti",
-           choices=("aoti", "batched")),
-    Option("--dtype", "weights and KV cache type (--engine batched; default: the config's)",
+                       "pass over a paged KV pool (the fast path on a GPU; nothing to compile); batched-aoti: that "
+                       "pass compiled by AOTInductor into the repository (once; the attention kernel inside on a GPU)",
+           "aoti", choices=("aoti", "batched", "batched-aoti")),
+    Option("--dtype", "weights and KV cache type (--engine batched or batched-aoti; default: the config's)",
            choices=("float32", "bfloat16")),
     THREADS,
     Option("--frontend", "pytriton: PyTriton binds the models (one proxy process between tritonserver and the "
@@ -132,7 +133,7 @@ def _serve(args) -> int:
     if args.threads < 0:
         raise ConfigError(f"--threads {args.threads}: use 0 (the default policy) or a positive count")
     threads = apply_threads(args.threads)  # before torch's first import: OpenMP reads its environment once
-    from hstu_replay.server.build import ENGINE_KINDS
+    from hstu_replay.server.build import ENGINE_KINDS, prepare_engine
     from hstu_replay.server.config import get_config
     from hstu_replay.server.host_tier import HostTierOptions, OffloadMode
     from hstu_replay.server.serve import RequiredHeader, ServeOptions, check_ports_free, serve
@@ -151,6 +152,7 @@ def _serve(args) -> int:
     print(f"hstu-replay: model threads {threads}", file=sys.stderr, flush=True)
     device = resolve_device(args.device)
     config = get_config(args.config, args.dtype)
+    prepare_engine(args.engine, args.repository, config, args.seed, args.page_tokens, device)
     if args.frontend == "python-backend":
         from hstu_replay.server.native import BackendSettings, serve_native
 

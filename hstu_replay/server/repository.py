@@ -29,6 +29,10 @@ class RepositoryLayout:
     def config_pbtxt(self, interface: ModelInterface) -> Path:
         return self.root / interface.model_name / "config.pbtxt"
 
+    def batched_step(self, key: str) -> Path:
+        """The `batched-aoti` engine's package named by `key` (our own; not a Triton model)."""
+        return self.root / "batched_step" / f"{key}.pt2"
+
     @property
     def meta(self) -> Path:
         return self.root / META_NAME

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import hstu_replay.server.batched as batched
+import hstu_replay.server.batched_step as batched_step
 from hstu_replay.errors import LimitError
 from hstu_replay.interface import history_tokens
 from hstu_replay.request import build_request
-from hstu_replay.server.batched import build_batched_engine
+from hstu_replay.server.batched import BatchedEngine, build_batched_engine
 from hstu_replay.server.build import ENGINE_KINDS
 from hstu_replay.server.engine import RankingEngine
 from hstu_replay.server.kvcache import KVCache
@@ -133,7 +133,7 @@ def test_a_request_failing_in_its_forward_pass_holds_no_pages(monkeypatch):
     serve(eng, prefix(a, 20), b)
     free_before = eng.cache.free_pages
     calls = []
-    real = batched.paged_attention
+    real = batched_step.paged_attention
 
     def fail_in_the_second_layer(*args, **kwargs):
         calls.append(1)
@@ -141,10 +141,10 @@ def test_a_request_failing_in_its_forward_pass_holds_no_pages(monkeypatch):
             raise Boom("forced")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(batched, "paged_attention", fail_in_the_second_layer)
+    monkeypatch.setattr(batched_step, "paged_attention", fail_in_the_second_layer)
     with pytest.raises(Boom):
         serve(eng, a, c)
-    monkeypatch.setattr(batched, "paged_attention", real)
+    monkeypatch.setattr(batched_step, "paged_attention", real)
     assert eng.cache.ledger.keys() == [2] and eng.cache.held(1) == eng.cache.held(3) == 0
     assert eng.cache.free_pages == free_before + 2  # a's old pages (46 tokens) are back; nothing new kept
     pool_is_consistent(eng)
@@ -193,7 +193,7 @@ def test_clear_cache_and_a_request_with_no_candidates():
 def test_the_engine_kinds_registry(tmp_path):
     assert set(ENGINE_KINDS) == {"aoti", "batched"}
     engines = ENGINE_KINDS["batched"](tmp_path / "unused", SMALL, 0, 512, 32, "cpu")
-    assert isinstance(engines.cached, batched.BatchedEngine) and isinstance(engines.uncached, batched.BatchedEngine)
+    assert isinstance(engines.cached, BatchedEngine) and isinstance(engines.uncached, BatchedEngine)
     assert engines.cached.cache.ledger.budget_pages == 16 and engines.uncached.cache.ledger.budget_pages == 0
     assert engines.cached.model is engines.uncached.model
     user = make_user(1, 12, 3)

@@ -1,0 +1,64 @@
+"""Paged attention as torch operators, so that an exported forward pass can carry it.
+
+`plain(page_tokens, normaliser)` is `hstu_replay::paged_attention`, the plain twin
+(`paged_attention.reference_attention`) behind an opaque operator: a package compiled for a CPU
+calls back into this process for it (the operator must be registered, which importing this
+module does). `triton(...)` is the Triton kernel as a `triton_op`: AOTInductor compiles the kernel
+into a GPU package, which then needs no Python to run it. Both add partial sums (the kernel's
+split mode), which is right for every `WorkPlan`, split or not, so one package serves them all.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from hstu_replay.server.paged_attention import BLOCK_M, BLOCK_N, reference_attention
+
+Attention = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+@torch.library.custom_op("hstu_replay::paged_attention", mutates_args=())
+def _plain_op(q: Tensor, k: Tensor, v: Tensor, pool_k: Tensor, pool_v: Tensor, page_table: Tensor, items: Tensor,
+              page_tokens: int, normaliser: float) -> Tensor:
+    return reference_attention(q, k, v, pool_k, pool_v, page_table, items, page_tokens, normaliser)
+
+
+@_plain_op.register_fake
+def _(q, k, v, pool_k, pool_v, page_table, items, page_tokens, normaliser):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@functools.cache
+def _triton_op():
+    from torch.library import triton_op, wrap_triton
+
+    from hstu_replay.server.attention_kernel import hstu_paged_attention  # needs triton
+
+    @triton_op("hstu_replay::paged_attention_triton", mutates_args=())
+    def op(q: Tensor, k: Tensor, v: Tensor, pool_k: Tensor, pool_v: Tensor, page_table: Tensor, items: Tensor,
+           page_tokens: int, normaliser: float) -> Tensor:
+        tokens, heads, head_dim = q.shape
+        out = torch.zeros((tokens, heads, head_dim), dtype=torch.float32, device=q.device)
+        wrap_triton(hstu_paged_attention)[(items.shape[0], heads)](
+            q, k, v, pool_k, pool_v, out, items, page_table,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), pool_k.stride(0), pool_k.stride(1),
+            out.stride(0), out.stride(1), page_table.stride(0), 1.0 / normaliser,
+            PAGE=page_tokens, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, SPLIT=True,
+            FAST_SILU=True, num_warps=8, num_stages=3 if q.element_size() == 2 else 1)
+        return out.to(q.dtype)
+
+    return op
+
+
+def exportable(device: torch.device, page_tokens: int, normaliser: float) -> Attention:
+    """The attention an exported step calls on `device`: the kernel on a GPU, the plain twin elsewhere."""
+    op = _triton_op() if device.type == "cuda" else _plain_op
+
+    def attention(q, k, v, pool_k, pool_v, page_table, items):
+        return op(q, k, v, pool_k, pool_v, page_table, items, page_tokens, normaliser)
+
+    return attention
