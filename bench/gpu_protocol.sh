@@ -2,7 +2,8 @@
 # NVIDIA's benchmark protocol (`hstu-replay bench protocol`) against the batched target on a GPU,
 # 3 and 8 layers, each served by a real tritonserver on 127.0.0.1 (one server per config).
 #   bash bench/gpu_protocol.sh OUT_DIR [USERS] [RUNS]
-# ENGINE=aoti exports each config with AOTInductor first (`server export`) and serves the packages.
+# ENGINE=aoti exports each config with AOTInductor first (`server export`) and serves the packages;
+# ENGINE=batched-aoti serves the batched step compiled by AOTInductor (`serve` compiles it first).
 # SERVE_ARGS adds options to `server serve` (e.g. "--frontend python-backend"); Triton's own statistics
 # of each run (queue, input, model, output per request: bench/gpu_triton_stats.py) follow its table.
 # (DEVICE=cpu DTYPE=float32 CONFIGS=small HISTORY=256 CANDIDATES=16 SCALE=0.05 bash bench/gpu_protocol.sh
@@ -38,7 +39,7 @@ for cfg in $CONFIGS; do
     fi
     read -r H G M C < <($PY -c "from hstu_replay.process import free_ports; print(*free_ports(4))")
     $PY -m hstu_replay.cli server serve --engine "$ENGINE" --repository "$REPO" --config "$cfg" \
-        $( [ "$ENGINE" = batched ] && echo --dtype "$DTYPE" ) --device "$DEVICE" \
+        $( [ "$ENGINE" != aoti ] && echo --dtype "$DTYPE" ) --device "$DEVICE" \
         --http-port "$H" --grpc-port "$G" --metrics-port "$M" --cache-metrics-port "$C" $SERVE_ARGS >"$OUT/server-$cfg.log" 2>&1 &
     SERVER=$!
     $PY -m hstu_replay.cli server wait --http-port "$H" --pid $SERVER --log "$OUT/server-$cfg.log" --timeout 180 ||
@@ -48,7 +49,7 @@ for cfg in $CONFIGS; do
         $PY -m bench.gpu_triton_stats --http-port "$H" --save "$OUT/stats-before.json"
         $PY -m hstu_replay.cli bench protocol --triton-url "127.0.0.1:$G" --store "$OUT/store" --candidates "$CANDIDATES" \
             --max-history "$HISTORY" --max-values 70000 --out "$OUT/$cfg-run$run" \
-            --hardware "$HW; $cfg, $ENGINE engine$( [ "$ENGINE" = batched ] && echo " $DTYPE") behind $FRONTEND"
+            --hardware "$HW; $cfg, $ENGINE engine$( [ "$ENGINE" != aoti ] && echo " $DTYPE") behind $FRONTEND"
         echo "== $cfg run $run: exit $?"
         $PY -m bench.gpu_triton_stats --http-port "$H" --since "$OUT/stats-before.json"
     done

@@ -6,11 +6,12 @@
 #                 machine's Python environment
 #   env           the machine, its Python packages and tools
 #   aoti-check    compile and load a tiny AOTInductor package in one process (bench/gpu_aoti_check.py)
-#   gpu-tests     the unit tests that need a GPU (CUDA graphs against eager)
+#   gpu-tests     the unit tests that need a GPU (CUDA graphs against eager, the batched-aoti package against eager)
 #   protocol      NVIDIA's protocol against the batched engine, 3 and 8 layers (bench/gpu_protocol.sh)
 #   protocol-eager the same with the batched engine's CUDA graphs off (HSTU_REPLAY_CUDA_GRAPHS=0)
 #   protocol-pyt  the same behind PyTriton (the baseline), 3 layers
 #   protocol-aoti the same on AOTInductor packages compiled there (ENGINE=aoti), 3 layers
+#   protocol-baot the same on the batched step compiled there by AOTInductor (ENGINE=batched-aoti), 3 layers
 #   profile       where a served batch-8 request's time goes (bench/gpu_serving_profile.py), Python backend
 #                 with CUDA graphs and without; the backend's phase lines (HSTU_REPLAY_BACKEND_PHASES)
 #   locust        our Locust sweep (bench/gpu_locust.sh; SERVE_ARGS as for protocol)
@@ -41,7 +42,13 @@ step_protocol_eager() {  # EAGER_CONFIGS: the configs (default: protocol's)
     HSTU_REPLAY_CUDA_GRAPHS=0 CONFIGS=${EAGER_CONFIGS:-${CONFIGS:-kuairand-1k kuairand-1k-8l}} SERVE_ARGS="$NATIVE" \
         bash bench/gpu_protocol.sh "$OUT/protocol-eager" "${USERS:-128}" 1
 }
-step_gpu_tests() { $PY -m pytest -q -p no:cacheprovider tests/server/test_step_graphs.py; }
+step_gpu_tests() {
+    $PY -m pytest -q -s -p no:cacheprovider tests/server/test_step_graphs.py tests/server/test_batched_step.py -k gpu
+}
+step_protocol_baot() {
+    ENGINE=batched-aoti CONFIGS=${BAOT_CONFIGS:-kuairand-1k} SERVE_ARGS="$NATIVE" \
+        bash bench/gpu_protocol.sh "$OUT/protocol-baot" "${USERS:-128}" 1
+}
 step_protocol_pyt() { CONFIGS=kuairand-1k bash bench/gpu_protocol.sh "$OUT/protocol-pyt" "${USERS:-128}" 1; }
 step_protocol_aoti() {  # not where aoti-check (when run before) loaded no package compiled for the GPU
     [ ! -f "$OUT/aoti-check/aoti_check.json" ] ||
