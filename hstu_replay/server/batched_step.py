@@ -34,7 +34,9 @@ class BatchedStep(nn.Module):
         x = model.embed(ids, kinds, positions)
         for index, layer in enumerate(model.layers):
             u, v, q, k = F.silu(layer.uvqk(layer.norm_in(x))).split(cfg.attn_dim, dim=-1)
-            q, k, v = (t.unflatten(-1, (cfg.num_heads, cfg.head_dim)) for t in (q, k, v))
+            q = q.unflatten(-1, (cfg.num_heads, cfg.head_dim))
+            # contiguous: Inductor cannot slice the strided view `split` leaves (a lowering error on a GPU)
+            k, v = (t.unflatten(-1, (cfg.num_heads, cfg.head_dim)).contiguous() for t in (k, v))
             at_layer = slots.new_full((1,), index)
             pool_k.index_put_((at_layer, slots), k[:n_hist])
             pool_v.index_put_((at_layer, slots), v[:n_hist])
