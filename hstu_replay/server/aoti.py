@@ -77,7 +77,7 @@ def export_batched_step(model: HSTUModel, page_tokens: int, path: str | os.PathL
 
     cfg, device = model.config, _device(model)
     dtype = next(model.parameters()).dtype
-    tokens, users, width = Dim("tokens", min=1, max=cfg.max_batch * (cfg.max_history_tokens + cfg.max_candidates)), \
+    tokens, users, width = Dim("tokens", min=2, max=cfg.max_batch * (cfg.max_history_tokens + cfg.max_candidates) + 1), \
         Dim("users", min=1, max=cfg.max_batch), Dim("pages", min=1)
     items, slots, pool = Dim("items", min=1), Dim("slots", min=0, max=cfg.max_batch * cfg.max_history_tokens), Dim("pool")
     # Example sizes distinct from each other and above 1, so no dim is unified or specialised.
@@ -212,8 +212,11 @@ class BatchedStepPackage:
 
     def __call__(self, ids: Tensor, kinds: Tensor, positions: Tensor, page_table: Tensor, items: Tensor, slots: Tensor,
                  pool_k: Tensor, pool_v: Tensor, split: bool = True) -> Tensor:
+        tokens = ids.shape[0]
+        if tokens == 1:  # one candidate and nothing else: pad a row that no work item reads (dropped again)
+            ids, kinds, positions = (torch.cat([t, t]) for t in (ids, kinds, positions))
         inputs = [t if t.is_contiguous() else t.contiguous() for t in (ids, kinds, positions, page_table, items, slots)]
-        return self._loader.run([*inputs, pool_k, pool_v])[0]
+        return self._loader.run([*inputs, pool_k, pool_v])[0][:tokens - slots.shape[0]]
 
 
 def load_batched_step(path: str | os.PathLike) -> BatchedStepPackage:
