@@ -191,7 +191,7 @@ def test_clear_cache_and_a_request_with_no_candidates():
 
 
 def test_the_engine_kinds_registry(tmp_path):
-    assert set(ENGINE_KINDS) == {"aoti", "batched"}
+    assert set(ENGINE_KINDS) == {"aoti", "batched", "batched-aoti"}
     engines = ENGINE_KINDS["batched"](tmp_path / "unused", SMALL, 0, 512, 32, "cpu")
     assert isinstance(engines.cached, BatchedEngine) and isinstance(engines.uncached, BatchedEngine)
     assert engines.cached.cache.ledger.budget_pages == 16 and engines.uncached.cache.ledger.budget_pages == 0
