@@ -1,10 +1,10 @@
 """Paged attention as torch operators, so that an exported forward pass can carry it.
 
-`plain(page_tokens, normaliser)` is `hstu_replay::paged_attention`, the plain twin
-(`paged_attention.reference_attention`) behind an opaque operator: a package compiled for a CPU
-calls back into this process for it (the operator must be registered, which importing this
-module does). `triton(...)` is the Triton kernel as a `triton_op`: AOTInductor compiles the kernel
-into a GPU package, which then needs no Python to run it. Both add partial sums (the kernel's
+`hstu_replay::paged_attention` is the plain twin (`paged_attention.reference_attention`) behind
+an opaque operator: a package compiled for a CPU calls back into this process for it (the operator
+must be registered, which importing this module does). `hstu_replay::paged_attention_triton` is the
+Triton kernel as a `triton_op`: AOTInductor compiles the kernel into a GPU package, which then needs
+no Python to run it. `exportable` picks one by device. Both add partial sums (the kernel's
 split mode), which is right for every `WorkPlan`, split or not, so one package serves them all.
 """
 

@@ -88,8 +88,10 @@ def batched_step_path(repository: str | Path, config: ModelConfig, seed: int, pa
         f"{config.name}-{config.dtype}-{device}-page{page_tokens}-seed{seed}-torch{torch.__version__}")
 
 
-def _batched_step_package(repository: str | Path, config: ModelConfig, seed: int, page_tokens: int, device: str):
-    from hstu_replay.server.aoti import export_batched_step, load_batched_step
+def _compile_batched_step(repository: str | Path, config: ModelConfig, seed: int, page_tokens: int,
+                          device: str) -> Path:
+    """The package's path, compiled there first when missing."""
+    from hstu_replay.server.aoti import export_batched_step
 
     path = batched_step_path(repository, config, seed, page_tokens, device)
     if not path.is_file():
@@ -97,15 +99,16 @@ def _batched_step_package(repository: str | Path, config: ModelConfig, seed: int
               f"(one time; a minute or more)...", file=sys.stderr, flush=True)
         info = export_batched_step(build_model(config, seed).to(device), page_tokens, path)
         print(f"hstu-replay: compiled in {info.compile_seconds:.1f} s", file=sys.stderr, flush=True)
-    return load_batched_step(path)
+    return path
 
 
 def _batched_aoti_engines(repository: str | Path, config: ModelConfig, seed: int, cache_budget_tokens: int,
                           page_tokens: int, device: str, host: HostTierOptions = HostTierOptions()) -> Engines:
     """`batched` with the package of its forward pass (compiled into `repository` when missing)."""
+    from hstu_replay.server.aoti import load_batched_step
     from hstu_replay.server.batched import build_batched_engine
 
-    package = _batched_step_package(repository, config, seed, page_tokens, device)
+    package = load_batched_step(_compile_batched_step(repository, config, seed, page_tokens, device))
     model = build_model(config, seed).to(device)
     return Engines(cached=build_batched_engine(model, cache_budget_tokens, page_tokens, host, package),
                    uncached=build_batched_engine(model, 0, page_tokens, forward_step=package))
@@ -123,7 +126,7 @@ def _prepare_aoti(repository: str | Path, config: ModelConfig, seed: int, page_t
 
 
 #: what an engine kind compiles before it serves (kinds not named here need nothing)
-_PREPARE: dict[str, Callable[..., object]] = {"aoti": _prepare_aoti, "batched-aoti": _batched_step_package}
+_PREPARE: dict[str, Callable[..., object]] = {"aoti": _prepare_aoti, "batched-aoti": _compile_batched_step}
 
 
 def prepare_engine(kind: str, repository: str | Path, config: ModelConfig, seed: int, page_tokens: int,
