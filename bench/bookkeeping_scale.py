@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from hstu_replay.client.triton import ModelBinding
+from hstu_replay.inspection import rss_mib
 from hstu_replay.interface import KVCACHE
 from hstu_replay.loadtest.config import LoadTestConfig
 from hstu_replay.loadtest.prepare import Placement, PreparedRun
@@ -68,14 +69,6 @@ KEPT_REFERENCE_REQUESTS = 100_000  # the every-key-kept reference stops here: it
 RSS_SAMPLES = 10
 FLAT_MIB = 16.0  # RSS growth from the first sample to the last below which memory counts as flat
 OK_VERDICT = Verdict(True, 0.0, -1)
-
-
-def rss_mib() -> float:
-    """Resident set size of this process (VmRSS), MiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 # -- synthetic requests ---------------------------------------------------------------------

@@ -16,7 +16,7 @@ primes included in send order, as an `--input-data` trace (`plan.perf_analyzer`)
    natural replay (timeline, visits of 10 minutes of log time per request); each beside
    perf_analyzer replaying the same requests, `--rounds` times in turn so that drift on this
    shared machine hits every client alike. Our side is the real `locust -f locustfiles/hstu.py`.
-   Each reading is a steady window (harness.measure): /proc CPU of the client process, requests
+   Each reading is a steady window (harness.measure): CPU of the client process, requests
    counted by the server (priming requests count: the server computes them); the share of primes
    among them is read from our report and shown beside. Over gRPC our worker runs once per
    `--grpc-transports` (h2, grpcio) beside the same perf_analyzer reading.

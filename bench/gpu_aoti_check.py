@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hstu_replay.inspection import mapped_paths
+
 #: variant -> (device, inductor options or "fix": `aoti.runtime_link_options(force=True)`)
 VARIANTS: dict[str, tuple[str, dict | str]] = {
     "cpu": ("cpu", {}),
@@ -90,9 +92,8 @@ def environment() -> dict:
     version = subprocess.run([gcc, "--version"], capture_output=True, text=True).stdout.splitlines()[0] if gcc else None
     found = subprocess.run([gcc, "-print-file-name=libstdc++.so"], capture_output=True, text=True).stdout.strip() \
         if gcc else None
-    maps = Path("/proc/self/maps").read_text().splitlines() if Path("/proc/self/maps").exists() else []
     return {"libstdcxx_for_linking": found, "libstdcxx_link_exists": bool(found and os.path.exists(found)),
-            "libstdcxx_loaded": sorted({line.split()[-1] for line in maps if "libstdc++" in line}),
+            "libstdcxx_loaded": sorted(path for path in mapped_paths() if "libstdc++" in path),
             "python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
             "torch_compiler": torch.__config__.show().split("GCC")[1].split("\n")[0].strip() if "GCC" in
             torch.__config__.show() else None, "gcc": version, "kernel": platform.release(),

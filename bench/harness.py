@@ -1,7 +1,7 @@
-"""What the client benchmarks share: child servers, perf_analyzer, Locust runs, /proc readings, tables.
+"""What the client benchmarks share: child servers, perf_analyzer, Locust runs, process readings, tables.
 
-Every figure of a process's cost is read from /proc/<pid>/stat (user and system CPU, minor page
-faults: all threads) over a steady window, and every request count from the server's own
+Every figure of a process's cost is read through `hstu_replay.inspection` (user and system CPU,
+minor page faults: all threads) over a steady window, and every request count from the server's own
 statistics (`/v2/models/<model>/stats`, successes), so that a client that claims requests it
 did not send cannot look cheap. A window opens `warm_s` after the server saw the client's
 first request and closes `seconds` later; the client is stopped after it.
@@ -20,16 +20,17 @@ import sysconfig
 import time
 import urllib.request
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hstu_replay.inspection import ProcTimes, load_average
 from hstu_replay.interface import ModelInterface
 from hstu_replay.loadtest.command import locust_command
-from hstu_replay.process import Ports, ServerProcess
+from hstu_replay.process import Child, Ports, ServerProcess, Stopping, log_reason
 
 ROOT = Path(__file__).resolve().parents[1]
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+CLIENT_STOP_GRACE_S = 60.0  # a client asked to stop (Locust writes its report) is killed after this
 PA_DIR = ROOT / "runs" / "perf_analyzer"
 PA_BIN = PA_DIR / "perf_analyzer"
 PA_WHEEL = "tritonclient==2.51.0"
@@ -59,20 +60,6 @@ def successes(server: ServerProcess, model: str) -> int:
 
 
 # -- readings -----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ProcTimes:
-    user_s: float
-    system_s: float
-    minor_faults: int
-
-    @classmethod
-    def of(cls, pid: int) -> ProcTimes:
-        """utime, stime and minflt of a whole process (all its threads)."""
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return cls(int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK, int(fields[7]))
-
 
 @dataclass(frozen=True)
 class Window:
@@ -108,40 +95,46 @@ class Window:
 
 
 def machine_load() -> str:
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
+    """The host's load averages over 1, 5 and 15 minutes, as /proc/loadavg writes them."""
+    return " ".join(f"{value:.2f}" for value in load_average())
+
+
+def client(command: Sequence[str], log: Path, env: Mapping[str, str] | None = None,
+           stop_signal: int = signal.SIGINT) -> Child:
+    """A client benchmark's child (a Locust run, perf_analyzer), started: its output in `log`, asked
+    to stop by `stop_signal` (Locust writes its report on SIGINT), killed with its session if it hangs."""
+    child = Child(command, log, name="the client", cwd=ROOT, env=env,
+                  stopping=Stopping(stop_signal, CLIENT_STOP_GRACE_S))
+    child.start()
+    return child
 
 
 def measure(command: Sequence[str], server: ServerProcess, model: str, log: Path, seconds: float,
             warm_s: float = 2.0, start_timeout_s: float = 120.0, env: dict[str, str] | None = None,
             stop_signal: int = signal.SIGINT) -> Window:
     """Run `command` (a client) and read one steady window of it; the client is stopped after."""
-    with log.open("w") as out:
-        process = subprocess.Popen(list(command), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
-                                   start_new_session=True)
+    process = client(command, log, env, stop_signal)
     try:
-        wait_for_load(server, model, process, log, start_timeout_s)
+        wait_for_load(server, model, process, start_timeout_s)
         time.sleep(warm_s)
         (window,) = read_windows(server, model, [process], seconds)
-        if process.poll() is not None:
+        if not process.running:
             raise SystemExit(f"client ended inside its window; make its run longer; see {log}")
         return window
     finally:
-        stop(process, stop_signal)
+        process.stop()
 
 
-def wait_for_load(server: ServerProcess, model: str, process: subprocess.Popen, log: Path, timeout_s: float) -> None:
+def wait_for_load(server: ServerProcess, model: str, process: Child, timeout_s: float) -> None:
     """Until the server has answered a request more (bounded; exit with one line if `process` ends first)."""
     begin, deadline = successes(server, model), time.monotonic() + timeout_s
     while successes(server, model) == begin:
-        if process.poll() is not None or time.monotonic() > deadline:
-            tail = (log.read_text(errors="replace").strip().splitlines() or ["no output"])[-1]
-            raise SystemExit(f"no requests reached the server ({tail}); see {log}")
+        if not process.running or time.monotonic() > deadline:
+            raise SystemExit(f"no requests reached the server{log_reason(process.log)}")
         time.sleep(0.05)
 
 
-def read_windows(server: ServerProcess, model: str, processes: Sequence[subprocess.Popen],
-                 seconds: float) -> list[Window]:
+def read_windows(server: ServerProcess, model: str, processes: Sequence[Child], seconds: float) -> list[Window]:
     """One window of `seconds`, for each process: its CPU and faults, with the server's count of
     the requests all of them sent in it."""
     t0, n0, c0 = time.monotonic(), successes(server, model), [ProcTimes.of(p.pid) for p in processes]
@@ -149,22 +142,6 @@ def read_windows(server: ServerProcess, model: str, processes: Sequence[subproce
     t1, n1, c1 = time.monotonic(), successes(server, model), [ProcTimes.of(p.pid) for p in processes]
     return [Window(n1 - n0, t1 - t0, b.user_s - a.user_s, b.system_s - a.system_s, b.minor_faults - a.minor_faults)
             for a, b in zip(c0, c1)]
-
-
-def stop(process: subprocess.Popen, sig: int = signal.SIGINT, timeout_s: float = 60.0) -> None:
-    """Ask the client to stop (Locust writes its report on SIGINT), then kill its group if it hangs."""
-    if process.poll() is None:
-        process.send_signal(sig)
-        try:
-            process.wait(timeout_s)
-            return
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait(10)
 
 
 # -- the two clients ----------------------------------------------------------------------------

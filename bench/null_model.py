@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -86,8 +85,7 @@ def serve_backend(interface: ModelInterface, grpc_port: int, http_port: int, met
     """Host `interface`'s model on the bundled tritonserver directly, `instances` Python-backend
     stubs answering zeros, until SIGTERM; statistics stay open."""
     from hstu_replay.server.native import (
-        ModelEntry, config_text, import_paths, model_file, prepare_backend, server_arguments, server_env,
-        stop_tritonserver,
+        ModelEntry, config_text, import_paths, model_file, prepare_backend, stop_tritonserver, tritonserver,
     )
     from hstu_replay.server.serve import ServeOptions, run_until_stopped
 
@@ -104,10 +102,10 @@ def serve_backend(interface: ModelInterface, grpc_port: int, http_port: int, met
         (folder / "config.pbtxt").write_text(config_text(entry, None, instances))
         (folder / "1" / "model.py").write_text(model_file([str(ROOT), *import_paths()], "bench.null_backend"))
         options = ServeOptions(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
-        server = subprocess.Popen(server_arguments(binary, backends, workspace / "models", options),
-                                  env=server_env(libs))
+        server = tritonserver(binary, backends, workspace / "models", options, libs)
+        server.start()
         print(READY, flush=True)
-        run_until_stopped(lambda: server.poll() is None, stop)
+        run_until_stopped(lambda: server.running, stop)
     finally:
         if server is not None:
             stop_tritonserver(server)

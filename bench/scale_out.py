@@ -10,8 +10,8 @@ as fast as they can (the server's count over one window; a lower bound where tho
 the host's cores ran out first). Then for each N: a headless master (`locust -f
 locustfiles/hstu.py --master`) and N workers on loopback replay the same dumps (8 x (2,048 + 16)
 values, hit ratio 0, verification off), open loop at `--rate-per-worker` requests/s each. Over one
-steady window: requests counted by the server, CPU of the master and of every worker from /proc,
-the host's busy cores from /proc/stat. The run then ends by itself, and the report's merged
+steady window: requests counted by the server, CPU of the master and of every worker, the host's
+busy cores (`hstu_replay.inspection`). The run then ends by itself, and the report's merged
 percentiles are checked against the records every worker wrote (the histogram of the
 concatenated records must equal the merged one, and so its percentiles).
 
@@ -32,7 +32,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -42,6 +41,7 @@ from pathlib import Path
 from bench import harness
 from bench.harness import ROOT, Shape
 from hstu_replay.capacity.workers import DEFAULT_CORE_SHARE, workers_needed
+from hstu_replay.inspection import HostTimes
 from hstu_replay.interface import KVCACHE
 from hstu_replay.loadtest.command import locust_command
 from hstu_replay.loadtest.records import read_records
@@ -116,22 +116,6 @@ def planned(result: ScaleResult, single: ScaleResult) -> tuple[int, int]:
     return workers_needed(result.rps, single.worker_ms), needed
 
 
-@dataclass(frozen=True)
-class HostTimes:
-    """The host's busy and total CPU time (/proc/stat, every core), seconds."""
-
-    busy_s: float
-    total_s: float
-
-    @classmethod
-    def now(cls) -> HostTimes:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        idle = fields[3] + fields[4]  # idle, iowait
-        total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest is inside user)
-        return cls((total - idle) / harness.CLK_TCK, total / harness.CLK_TCK)
-
-
 def run(server, n: int, args, dumps: Path, rate_per_worker: float) -> ScaleResult:
     """One master and `n` workers; open loop at `rate_per_worker` each, closed loop at 0."""
     report = OUT / f"report-{n}" if rate_per_worker else OUT / "report-ceiling"
@@ -152,23 +136,24 @@ def run(server, n: int, args, dumps: Path, rate_per_worker: float) -> ScaleResul
     name = n if rate_per_worker else "ceiling"
     logs = [OUT / f"master-{name}.log", *(OUT / f"worker-{name}-{i}.log" for i in range(n))]
     processes = []
-    for command, log in zip([master_cmd] + [worker_cmd] * n, logs):
-        with log.open("w") as out:
-            processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT))
-    master, workers = processes[0], processes[1:]
     try:
-        harness.wait_for_load(server, MODEL, master, logs[0], 120)
+        for command, log in zip([master_cmd] + [worker_cmd] * n, logs):
+            processes.append(harness.client(command, log))
+        master, workers = processes[0], processes[1:]
+        harness.wait_for_load(server, MODEL, master, 120)
         time.sleep(args.warm)
         host_before = HostTimes.now()
         windows = harness.read_windows(server, MODEL, processes, args.seconds)
         host_after = HostTimes.now()
-        if master.wait(stage + 120) != 0:
-            raise SystemExit(f"master exited {master.returncode}; see {logs[0]}")
+        if not master.wait(stage + 120):
+            raise SystemExit(f"master still running {stage + 120:g} s after its stage began; see {logs[0]}")
+        if master.process.returncode != 0:
+            raise SystemExit(f"master exited {master.process.returncode}; see {logs[0]}")
         for w in workers:
             w.wait(60)
     finally:
         for p in processes:
-            harness.stop(p)
+            p.stop()
     master_w, worker_ws = windows[0], windows[1:]
     worker_cores = sum(w.cores for w in worker_ws)
     host_cores = (host_after.busy_s - host_before.busy_s) / master_w.seconds

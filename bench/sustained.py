@@ -8,7 +8,7 @@ The reference target (`server serve`, the small config, CPU, one model thread, a
 runs in a child process. One headless Locust process replays the sessions workload of the sample
 store at batch 8 and hit ratio 0.9, open loop at a fixed `--rate` (so each stretch of the hour
 carries the same work). Every `--every` seconds: the Locust process's resident memory and CPU time
-(/proc) and the requests the server has answered (its own statistics). At the end, over the first
+(`hstu_replay.inspection`) and the requests the server has answered (its own statistics). At the end, over the first
 and the last `--window-minutes` of the measured stage: mean RSS and CPU per request; a verdict
 each (within `--tolerance`). The run's report must hold as many measured requests as its records,
 and the server must have answered every request the records name (measured, primes, warm-up).
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -28,7 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench import harness
-from bench.harness import ROOT, ProcTimes
+from bench.harness import ROOT
+from hstu_replay.inspection import ProcTimes, load_average, rss_mib
 from hstu_replay.interface import KVCACHE
 from hstu_replay.loadtest.command import headless_command
 from hstu_replay.loadtest.records import read_records
@@ -139,19 +139,10 @@ def books(report_dir: Path, server_answered: int) -> Books:
                  server_answered)
 
 
-def resident_mib(pid: int) -> float:
-    """VmRSS of a process, MiB."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise ValueError(f"/proc/{pid}/status has no VmRSS")
-
-
 def sample(server: ServerProcess, pid: int, t0: float) -> Sample:
     times = ProcTimes.of(pid)
-    return Sample(time.monotonic() - t0, resident_mib(pid), times.user_s + times.system_s,
-                  harness.successes(server, KVCACHE.model_name), float(harness.machine_load().split()[0]))
+    return Sample(time.monotonic() - t0, rss_mib(pid), times.user_s + times.system_s,
+                  harness.successes(server, KVCACHE.model_name), load_average()[0])
 
 
 def run(server: ServerProcess, args, store: Path) -> tuple[list[Sample], int, Path]:
@@ -168,24 +159,25 @@ def run(server: ServerProcess, args, store: Path) -> tuple[list[Sample], int, Pa
                                "--cache-budget-tokens", str(BUDGET_TOKENS))
     log = OUT / "locust.log"
     before = harness.successes(server, KVCACHE.model_name)
-    with log.open("w") as out:
-        locust = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    locust = harness.client(command, log)
     samples = []
     try:
-        harness.wait_for_load(server, KVCACHE.model_name, locust, log, 180)
+        harness.wait_for_load(server, KVCACHE.model_name, locust, 180)
         time.sleep(args.warmup)
         t0 = time.monotonic()
         for _ in range(int((seconds - 5) // args.every) + 1):  # all inside the stage
-            if locust.poll() is not None:
+            if not locust.running:
                 break
             samples.append(sample(server, locust.pid, t0))
             print(f"  {samples[-1].t_s:7.0f} s  RSS {samples[-1].rss_mib:7.1f} MiB  CPU {samples[-1].cpu_s:8.2f} s  "
                   f"server {samples[-1].requests:,}", flush=True)
             time.sleep(max(0.0, t0 + len(samples) * args.every - time.monotonic()))
-        if locust.wait(seconds + 300) != 0:
-            raise SystemExit(f"sustained: Locust exited {locust.returncode}; see {log}")
+        if not locust.wait(seconds + 300):
+            raise SystemExit(f"sustained: Locust still running {seconds + 300:g} s after its stage began; see {log}")
+        if locust.process.returncode != 0:
+            raise SystemExit(f"sustained: Locust exited {locust.process.returncode}; see {log}")
     finally:
-        harness.stop(locust)
+        locust.stop()
     return samples, harness.successes(server, KVCACHE.model_name) - before, report
 
 

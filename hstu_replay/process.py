@@ -1,18 +1,24 @@
-"""A server as a child process: started on loopback ports with its output in a log, ready when
-its model answers ready over HTTP, stopped with everything it started.
+"""Child processes with one lifecycle, a server among them; free ports; the `server serve` command line.
 
-Every caller that runs a server of its own (the L0 flow, the capacity drivers, the benchmarks,
-the tests) goes through `ServerProcess`; `hstu-replay server wait` applies the same readiness
-rule to a server started by a shell script. Torch-free: load-generator tools import it.
+`Child` is every child process this project runs: started in a session of its own (a Ctrl-C at the
+terminal reaches the caller, which stops it in order) with its output in a log file (or in the
+caller's own output), ready when its readiness predicate says so, stopped with a bounded grace
+period and then killed, its teardown checked. A server (`ServerProcess`), a capacity step
+(`capacity.step`), the python-backend frontend's tritonserver (`server.native`), the benchmarks'
+clients and do-nothing servers are configurations of it. `hstu-replay server wait` applies the same
+readiness loop to a server started by a shell script. Torch-free: load-generator tools import it.
 
-A server that dies while starting is reported with its own error line from that log (and the
-log's path), at once, never as a readiness time-out. Stopping is SIGTERM, then SIGKILL after a
-grace period; then every process the server was seen to start (tritonserver, backend stubs, its
-watchdog) must be gone and every port free, else the leftovers are killed and named.
+A child that dies while starting is reported with its own error line from its log (and the log's
+path), at once, never as a readiness time-out. Stopping is the child's stop signal (SIGTERM unless
+configured otherwise), then SIGKILL to its whole session after the grace period; then every process
+it was seen to start (tritonserver, backend stubs, a watchdog) must be gone and every port it was to
+listen on free, else the leftovers are killed and named. Processes are looked at through
+`hstu_replay.inspection`.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -22,19 +28,22 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import astuple, dataclass
 from pathlib import Path
+from typing import IO
 
+from hstu_replay.inspection import Noted, family, kill_noted, still_running
 from hstu_replay.interface import CONTROL_MODEL, INTERFACES
-from hstu_replay.server.watchdog import descendants, kill_noted, proc_stat
 
 HOST = "127.0.0.1"
 #: The models whose readiness says the reference server serves (it loads them one after another).
 SERVED_MODELS = (*(interface.model_name for interface in INTERFACES.values()), CONTROL_MODEL)
 STOP_GRACE_S = 60.0
-GONE_TIMEOUT_S = 15.0
+KILL_WAIT_S = 10.0  # for the child itself to be reaped after SIGKILL
+GONE_TIMEOUT_S = 15.0  # for what it started to go after it did
+LEFTOVER_WAIT_S = 5.0  # for leftovers to go after they were killed
 POLL_S = 0.25
 
 # Most telling first: tritonserver's own glog errors (E1130 19:21:07.123 ...), then the line our
@@ -46,7 +55,7 @@ _BENIGN = ("CudaDriverHelper has not been initialized", "Failed to set config mo
 
 
 class StartFailed(Exception):
-    """The server exited or never became ready; the message is one line."""
+    """The child exited or never became ready; the message is one line."""
 
 
 def free_ports(n: int, host: str = HOST) -> list[int]:
@@ -90,13 +99,23 @@ class Ports:
 
 @dataclass(frozen=True)
 class Teardown:
-    exit_code: int | None  # the server's exit status; negative: killed by that signal
+    exit_code: int | None  # the child's exit status; negative: killed by that signal
     forced: tuple[str, ...]  # processes killed after the grace period ("pid N")
     left: tuple[str, ...]  # what still runs or listens after everything ("pid N", "port P")
 
     @property
     def clean(self) -> bool:
         return not self.left
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """How a child is asked to end: `signal` to it (to its whole session with `group`: a Locust run
+    and whatever it started), SIGKILL to its session when it still runs `grace_s` later."""
+
+    signal: int = signal.SIGTERM
+    grace_s: float = STOP_GRACE_S
+    group: bool = False
 
 
 def serve_command(repository: Path | str, ports: Ports, *extra: str) -> list[str]:
@@ -110,13 +129,24 @@ def serve_command(repository: Path | str, ports: Ports, *extra: str) -> list[str
 
 
 def server_error_line(log_text: str) -> str:
-    """The line of a server log that says why it failed."""
+    """The line of a child's log that says why it failed."""
     lines = [line.strip() for line in log_text.splitlines() if line.strip()]
     for pattern in _ERROR_LINES:
         found = [line for line in lines if pattern.search(line) and not any(b in line for b in _BENIGN)]
         if found:
             return found[-1]
     return lines[-1] if lines else "no output"
+
+
+def log_error_line(log: Path) -> str:
+    """The telling line of a child's log file ("no output" when it is empty or unreadable)."""
+    return server_error_line(_read(log))
+
+
+def log_reason(log: Path | None, lead: str = ": ") -> str:
+    """Why a child failed, to end a message: `lead`, its log's telling line and where the log is (a
+    child without a log file wrote into its parent's output)."""
+    return "; see its output above" if log is None else f"{lead}{log_error_line(log)} (log: {log})"
 
 
 def model_ready(http_port: int, models: Sequence[str] = SERVED_MODELS, host: str = HOST) -> Callable[[], bool]:
@@ -138,22 +168,20 @@ def models_named(models: Sequence[str]) -> str:
     return ("model " if len(models) == 1 else "models ") + ", ".join(models)
 
 
-def wait_ready(ready: Callable[[], bool], what: str, exited: Callable[[], str | None], log: Path,
-               timeout_s: float, note: Callable[[], None] = lambda: None) -> float:
-    """The one waiting loop: seconds until `ready()`; StartFailed with the server's own error line
-    when `exited()` says how the server ended first, or `what` is not ready after `timeout_s`.
+def wait_ready(ready: Callable[[], bool], what: str, exited: Callable[[], str | None], log: Path | None,
+               timeout_s: float, note: Callable[[], None] = lambda: None, name: str = "the server") -> float:
+    """The one waiting loop: seconds until `ready()`; StartFailed with the child's own error line
+    when `exited()` says how `name` ended first, or `what` is not ready after `timeout_s`.
     `note` runs on every round."""
     started = time.monotonic()
     while True:
         note()
         if (how := exited()) is not None:
-            raise StartFailed(f"the server exited ({how}) while starting: "
-                              f"{server_error_line(_read(log))} (log: {log})")
+            raise StartFailed(f"{name} exited ({how}) while starting{log_reason(log)}")
         if ready():
             return time.monotonic() - started
         if time.monotonic() - started > timeout_s:
-            raise StartFailed(f"{what} not ready after {timeout_s:g} s; last log line: "
-                              f"{server_error_line(_read(log))} (log: {log})")
+            raise StartFailed(f"{what} not ready after {timeout_s:g} s{log_reason(log, '; last log line: ')}")
         time.sleep(POLL_S)
 
 
@@ -176,19 +204,159 @@ def _interrupts_held() -> Iterator[None]:
             signal.raise_signal(signum)  # now, to the handler that was there before
 
 
-class ServerProcess:
-    """One server child. Made first, started by `start()`, so that whoever holds it can always
+@contextmanager
+def _output(log: Path | None) -> Iterator[IO[bytes] | None]:
+    if log is None:
+        yield None
+        return
+    with log.open("wb") as out:
+        yield out
+
+
+class Child:
+    """One child process. Made first, started by `start()`, so that whoever holds it can always
     `stop()` it (safe at any point, more than once, started or not). As a context manager it is
-    started and waited for on entry and stopped on exit."""
+    launched (started, and waited for when it has a readiness predicate) on entry, stopped on exit.
+
+    `log`: its stdout and stderr (None: the caller's own); `ready`: true once it serves (`what` names
+    it in a time-out); `listens`: ports it will listen on, which must be free again after it."""
+
+    def __init__(self, command: Sequence[str], log: Path | None, *, name: str = "the child",
+                 cwd: Path | None = None, env: Mapping[str, str] | None = None, stopping: Stopping = Stopping(),
+                 ready: Callable[[], bool] | None = None, what: str = "", ready_timeout_s: float = 180.0,
+                 listens: Sequence[int] = ()):
+        self.command, self.log = list(command), None if log is None else Path(log)
+        self.name, self.cwd, self.env, self.stopping = name, cwd, None if env is None else dict(env), stopping
+        self.ready, self.what, self.ready_timeout_s = ready, what or name, ready_timeout_s
+        self.listens = tuple(listens)
+        self.process: subprocess.Popen | None = None
+        self.own_ports: tuple[int, ...] = ()
+        self.family: Noted = {}  # pid -> start time of the child and every process seen under it
+        self._teardown: Teardown | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "start() first"
+        return self.process.pid
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> None:
+        # Ports already taken before the start are someone else's: teardown checks only the others.
+        self.own_ports = tuple(port for port in self.listens if port_free(port))
+        with _output(self.log) as out, _interrupts_held():
+            self.process = subprocess.Popen(self.command, stdout=out, stderr=None if out is None else subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, cwd=self.cwd, env=self.env,
+                                            start_new_session=True)
+
+    def exited(self) -> str | None:
+        """How the child ended ("exit 2", "killed by signal 9"); None while it runs."""
+        code = self.process.poll() if self.process is not None else None
+        return None if code is None else _status(code)
+
+    def wait_ready(self, timeout_s: float | None = None) -> float:
+        """Seconds until `ready()` (0 for a child without a readiness predicate); StartFailed with
+        the child's own error line when it exits first."""
+        assert self.process is not None, "start() first"
+        if self.ready is None:
+            return 0.0
+        return wait_ready(self.ready, self.what, self.exited, self.log,
+                          self.ready_timeout_s if timeout_s is None else timeout_s, self.note_family, self.name)
+
+    def launch(self):
+        """Started and ready; stopped again (and StartFailed raised) when it does not come up."""
+        try:
+            self.start()
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __enter__(self):
+        return self.launch()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def wait(self, timeout_s: float, every_s: float = POLL_S, each: Callable[[], None] | None = None) -> bool:
+        """Until the child ends (True) or `timeout_s` has passed (False); `each` runs every `every_s`
+        meanwhile, and what the child started is noted."""
+        assert self.process is not None, "start() first"
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            self.note_family()
+            try:
+                self.process.wait(min(every_s, left))
+                return True
+            except subprocess.TimeoutExpired:
+                if each is not None and deadline - time.monotonic() > 0:
+                    each()
+        return self.process.poll() is not None
+
+    def failure(self) -> str | None:
+        """One line when the child has exited, else None."""
+        how = self.exited()
+        return None if how is None else f"{self.name} exited ({how}){log_reason(self.log)}"
+
+    def stop(self, grace_s: float | None = None) -> Teardown:
+        """The stop signal, SIGKILL after `grace_s` (default: its own); then what it started must be
+        gone and its ports free."""
+        if self._teardown is not None:
+            return self._teardown
+        if self.process is None:
+            self._teardown = Teardown(None, (), ())
+            return self._teardown
+        self.note_family()
+        process = self.process
+        if process.poll() is None:
+            self._signal(self.stopping.signal, self.stopping.group)
+            try:
+                process.wait(self.stopping.grace_s if grace_s is None else grace_s)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL, True)
+                process.wait(KILL_WAIT_S)
+        forced: list[str] = []
+        left = self._left_behind(GONE_TIMEOUT_S)
+        if left:
+            forced = [f"pid {pid}" for pid in kill_noted(self.family)]
+            left = self._left_behind(LEFTOVER_WAIT_S)
+        self._teardown = Teardown(process.returncode, tuple(forced), tuple(left))
+        return self._teardown
+
+    def note_family(self) -> None:
+        if self.running:
+            self.family.update(family(self.pid))
+
+    def _signal(self, signum: int, group: bool) -> None:
+        try:
+            if group:  # its session is its process group: it was started as the leader of both
+                os.killpg(self.pid, signum)
+            else:
+                self.process.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    def _left_behind(self, timeout_s: float) -> list[str]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = [f"pid {pid}" for pid in still_running(self.family)]
+            left += [f"port {port}" for port in self.own_ports if not port_free(port)]
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(POLL_S)
+
+
+class ServerProcess(Child):
+    """A Triton server child on loopback `ports`: ready when every one of `models` answers ready."""
 
     def __init__(self, command: Sequence[str], log: Path, ports: Ports, models: Sequence[str] = SERVED_MODELS,
                  ready_timeout_s: float = 180.0, cwd: Path | None = None):
-        self.command, self.log, self.ports = list(command), Path(log), ports
-        self.models, self.ready_timeout_s, self.cwd = tuple(models), ready_timeout_s, cwd
-        self.process: subprocess.Popen | None = None
-        self.own_ports: tuple[int, ...] = ()
-        self.family: dict[int, int] = {}  # pid -> start time of every process seen under the server
-        self._teardown: Teardown | None = None
+        self.ports, self.models = ports, tuple(models)
+        super().__init__(command, log, name="the server", cwd=cwd, ready=model_ready(ports.http, self.models),
+                         what=models_named(self.models), ready_timeout_s=ready_timeout_s, listens=ports.all())
 
     @classmethod
     def serve(cls, repository: Path | str, log: Path, ports: Ports | None = None, *extra: str,
@@ -207,90 +375,6 @@ class ServerProcess:
 
     def url_for(self, protocol: str) -> str:
         return self.grpc_url if protocol == "grpc" else self.http_url
-
-    def start(self) -> None:
-        # Ports already taken before the start are someone else's: teardown checks only the others.
-        self.own_ports = tuple(port for port in self.ports.all() if port_free(port))
-        with self.log.open("wb") as out, _interrupts_held():
-            # A session of its own: a Ctrl-C at the terminal reaches the caller, which stops it in order.
-            self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, cwd=self.cwd,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
-
-    def wait_ready(self, timeout_s: float | None = None, probe: Callable[[], bool] | None = None) -> float:
-        """Seconds until its models answer ready over HTTP (or `probe()`, for a server that is not
-        Triton); StartFailed with the server's own error line when it exits first."""
-        assert self.process is not None, "start() first"
-        process = self.process
-
-        def exited() -> str | None:
-            code = process.poll()
-            return None if code is None else _status(code)
-
-        ready, what = (probe, "the server") if probe else (model_ready(self.ports.http, self.models),
-                                                           models_named(self.models))
-        return wait_ready(ready, what, exited, self.log, self.ready_timeout_s if timeout_s is None else timeout_s, self._note_family)
-
-    def launch(self) -> ServerProcess:
-        """Started and ready; stopped again (and StartFailed raised) when it does not come up."""
-        try:
-            self.start()
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __enter__(self) -> ServerProcess:
-        return self.launch()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def failure(self) -> str | None:
-        """One line when the server has exited, else None."""
-        code = self.process.poll() if self.process else None
-        if code is None:
-            return None
-        return f"the server exited ({_status(code)}): {server_error_line(_read(self.log))} (log: {self.log})"
-
-    def stop(self, grace_s: float = STOP_GRACE_S) -> Teardown:
-        """SIGTERM, SIGKILL after `grace_s`; then what it started must be gone and its ports free."""
-        if self._teardown is not None:
-            return self._teardown
-        if self.process is None:
-            self._teardown = Teardown(None, (), ())
-            return self._teardown
-        self._note_family()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        forced: list[str] = []
-        left = self._left_behind(GONE_TIMEOUT_S)
-        if left:
-            forced = [f"pid {pid}" for pid in kill_noted(self.family)]
-            left = self._left_behind(5.0)
-        self._teardown = Teardown(self.process.returncode, tuple(forced), tuple(left))
-        return self._teardown
-
-    def _note_family(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.family.update(descendants(self.process.pid))
-            if (stat := proc_stat(self.process.pid)) is not None:
-                self.family[self.process.pid] = stat[1]
-
-    def _left_behind(self, timeout_s: float) -> list[str]:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            alive = [f"pid {pid}" for pid, start in self.family.items()
-                     if (stat := proc_stat(pid)) is not None and stat[1] == start]
-            left = alive + [f"port {port}" for port in self.own_ports if not port_free(port)]
-            if not left or time.monotonic() > deadline:
-                return left
-            time.sleep(POLL_S)
 
 
 def _read(log: Path) -> str:

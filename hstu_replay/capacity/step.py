@@ -1,10 +1,10 @@
 """One capacity step: a headless Locust child started, awaited and stopped in one place.
 
 Both capacity searches (`capacity` over hit ratios and loads, `capacity natural` over cache
-budgets) measure a step the same way: the Locust command runs in a session of its own with its
-output in the step's log, bounded by a time-out (sampling the server's gauges while it waits if
-asked); a timed-out or interrupted step is sent SIGTERM (Locust then writes its report) and
-SIGKILL after a grace period. The step's report.json holds one measured bin, which becomes the
+budgets) measure a step the same way: the Locust command runs as a `process.Child` in a session of
+its own with its output in the step's log, bounded by a time-out (sampling the server's gauges
+while it waits if asked); a timed-out or interrupted step's session is sent SIGTERM (Locust then
+writes its report) and SIGKILL after a grace period. The step's report.json holds one measured bin, which becomes the
 step's `Measurement`; a step Locust refused to start (bad options, no server) is a ServerError.
 """
 
@@ -15,14 +15,13 @@ import math
 import os
 import shutil
 import signal
-import subprocess
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hstu_replay.capacity.search import Measurement
 from hstu_replay.errors import ServerError
+from hstu_replay.process import Child, Stopping, log_error_line, log_reason
 
 LOG_NAME = "locust.log"
 REPORT_NAME = "report.json"
@@ -37,12 +36,6 @@ def fresh_dir(path: Path) -> Path:
         shutil.rmtree(path)
     path.mkdir(parents=True)
     return path
-
-
-def last_error(log: Path) -> str:
-    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("hstu-replay: error")]
-    return (errors or lines or ["(no output)"])[-1]
 
 
 @dataclass(frozen=True)
@@ -64,51 +57,25 @@ class StepRun:
         """Run the step to its end (or its time-out) and read its measurement at `load`."""
         returncode, timed_out = self._run()
         if returncode == LOCUST_BAD_START and not timed_out:
-            raise ServerError(f"step {self.name}: Locust stopped: {last_error(self.log)} (log: {self.log})")
+            raise ServerError(f"step {self.name}: Locust stopped{log_reason(self.log)}")
         report = self.step_dir / REPORT_NAME
         if report.is_file():
             measured = measurement_from_report(json.loads(report.read_text()), load)
         else:
-            measured = Measurement(load, problem=f"Locust exited {returncode} without a report: {last_error(self.log)}")
+            measured = Measurement(load, problem=f"Locust exited {returncode} without a report: "
+                                                 f"{log_error_line(self.log)}")
         problem = f"timed out after {self.timeout_s:g} s" if timed_out else measured.problem
         return replace(measured, report_dir=str(self.step_dir), returncode=returncode, problem=problem)
 
     def _run(self) -> tuple[int, bool]:
-        with self.log.open("w") as out:
-            # A session of its own: a Ctrl-C at the terminal reaches only us, and we stop it in order.
-            proc = subprocess.Popen(list(self.command), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
-            try:
-                timed_out = self._wait(proc)
-            except BaseException:
-                self._stop(proc)
-                raise
-        return proc.returncode, timed_out
-
-    def _wait(self, proc: subprocess.Popen) -> bool:
-        deadline = time.monotonic() + self.timeout_s
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                proc.wait(min(GAUGE_PERIOD_S, left))
-                return False
-            except subprocess.TimeoutExpired:
-                if self.sample is not None and deadline - time.monotonic() > 0:
-                    self.sample()
-        self._stop(proc)
-        return True
-
-    def _stop(self, proc: subprocess.Popen) -> None:
-        """SIGTERM the process group (Locust then writes its report), SIGKILL after the grace."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                proc.wait(self.stop_grace_s)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        child = Child(self.command, self.log, name=f"step {self.name}", env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                      stopping=Stopping(signal.SIGTERM, self.stop_grace_s, group=True))
+        try:
+            child.start()
+            ended = child.wait(self.timeout_s, GAUGE_PERIOD_S, self.sample)
+        finally:
+            child.stop()  # at once after it ended; after the grace on a time-out or an interrupt
+        return child.process.returncode, not ended
 
 
 def measurement_from_report(report: dict, load: float) -> Measurement:

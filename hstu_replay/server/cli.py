@@ -111,11 +111,11 @@ def _wait(args) -> int:
     from pathlib import Path
 
     from hstu_replay.errors import ServerError
+    from hstu_replay.inspection import is_alive
     from hstu_replay.process import SERVED_MODELS, StartFailed, model_ready, models_named, wait_ready
-    from hstu_replay.server.watchdog import proc_stat
 
     def exited() -> str | None:
-        return None if proc_stat(args.pid) is not None else f"process {args.pid} is gone"
+        return None if is_alive(args.pid) else f"process {args.pid} is gone"
 
     try:
         seconds = wait_ready(model_ready(args.http_port), models_named(SERVED_MODELS), exited, Path(args.log),

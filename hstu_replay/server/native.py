@@ -20,18 +20,18 @@ import os
 import secrets
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import hstu_replay
 from hstu_replay.errors import ServerError
 from hstu_replay.interface import CONTROL_MODEL, KVCACHE, NOCACHE, PYTHON_BACKEND, TensorSpec
-from hstu_replay.process import model_ready
+from hstu_replay.process import Child, StartFailed, Stopping, model_ready
 from hstu_replay.server.host_tier import OFFLOAD_CHUNK_TOKENS, HostTierOptions, OffloadMode
 from hstu_replay.server.phases import phases_every
 from hstu_replay.server.serve import (
@@ -44,6 +44,8 @@ SOCKET_NAME = "cache.sock"
 START_LIMIT_S = 3600.0  # compiling an AOTI repository on first start can take minutes
 #: tritonserver's Python-backend shared memory: start at 64 MiB (a full batch-8 request is ~0.6 MB)
 SHM_DEFAULT_BYTES = 64 * 2**20
+#: SIGINT: tritonserver unloads its models and exits; killed when it has not after a minute
+TRITONSERVER_STOPPING = Stopping(signal.SIGINT, 60.0)
 
 
 @dataclass(frozen=True)
@@ -180,15 +182,20 @@ def server_env(libs: Path) -> dict[str, str]:
     return env
 
 
-def stop_tritonserver(server: subprocess.Popen) -> None:
-    """SIGINT (tritonserver unloads its models and exits), a kill after a minute."""
-    if server.poll() is None:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(10)
+def tritonserver(binary: Path, backends: Path, repository: Path, options: ServeOptions, libs: Path,
+                 ready: Callable[[], bool] | None = None) -> Child:
+    """The bundled tritonserver on a Python-backend `repository`, not started yet: its log goes into
+    this process's output."""
+    return Child(server_arguments(binary, backends, repository, options), None, name="tritonserver",
+                 env=server_env(libs), stopping=TRITONSERVER_STOPPING, ready=ready, what="the models",
+                 ready_timeout_s=START_LIMIT_S, listens=(options.http_port, options.grpc_port, options.metrics_port))
+
+
+def stop_tritonserver(server: Child) -> None:
+    """Stopped, and a line for whatever it left behind (the leftovers are killed by then)."""
+    teardown = server.stop()
+    if not teardown.clean:
+        print(f"hstu-replay: tritonserver left {', '.join(teardown.left)} behind", file=sys.stderr, flush=True)
 
 
 def serve_native(base: BackendSettings, options: ServeOptions, stop: threading.Event | None = None) -> None:
@@ -208,22 +215,21 @@ def serve_native(base: BackendSettings, options: ServeOptions, stop: threading.E
                                   "cache_metrics_port": options.cache_metrics_port,
                                   "control_socket": str(workspace / SOCKET_NAME)})
         write_repository(workspace / "models", base)
-        server = subprocess.Popen(server_arguments(binary, backends, workspace / "models", options),
-                                  env=server_env(libs))
+        ready = model_ready(options.http_port, [entry.name for entry in model_entries()], options.http_host)
+        server = tritonserver(binary, backends, workspace / "models", options, libs,
+                              ready=lambda: stop.is_set() or ready())
+        server.start()
         if options.https_port:
             https = TlsForwarder(options.host, options.https_port, (options.http_host, options.http_port),
                                  options.tls)
-        ready = model_ready(options.http_port, [entry.name for entry in model_entries()], options.http_host)
-        while not ready():
-            if server.poll() is not None:
-                raise ServerError(f"tritonserver exited ({server.returncode}) while loading the models; see its log above")
-            if stop.wait(0.2):
-                return
-            if time.monotonic() - started > START_LIMIT_S:
-                raise ServerError(f"the models were not ready after {START_LIMIT_S:.0f} s; see tritonserver's log above")
+        server.wait_ready()
+        if stop.is_set():
+            return
         print(f"hstu-replay: {options.describe()}; Python-backend models, no proxy "
               f"(ready in {time.monotonic() - started:.1f} s)", flush=True)
-        run_until_stopped(lambda: server.poll() is None, stop)
+        run_until_stopped(lambda: server.running, stop)
+    except StartFailed as exc:
+        raise ServerError(str(exc)) from None
     except OSError as exc:
         raise ServerError(f"tritonserver failed to start: {exc}") from None
     finally:

@@ -12,63 +12,20 @@ when the owner is gone SIGKILLs every noted process still alive (same pid and st
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from hstu_replay.inspection import Noted, descendants, is_alive, kill_noted, start_time
 
 PERIOD_S = 0.5
 
 
-def proc_stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, start time) of a live, non-zombie process; None otherwise."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) "
-    if fields[0] == "Z":
-        return None
-    return int(fields[1]), int(fields[19])
-
-
-def descendants(owner: int) -> dict[int, int]:
-    """Every live descendant of `owner`: pid -> start time."""
-    children: dict[int, list[int]] = {}
-    starts: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (stat := proc_stat(int(entry.name))) is not None:
-            children.setdefault(stat[0], []).append(int(entry.name))
-            starts[int(entry.name)] = stat[1]
-    found, todo = {}, [owner]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found[child] = starts[child]
-                todo.append(child)
-    return found
-
-
-def kill_noted(noted: dict[int, int]) -> list[int]:
-    """SIGKILL each noted process that still runs as the one noted; the pids killed."""
-    killed = []
-    for pid, start in noted.items():
-        stat = proc_stat(pid)
-        if stat is not None and stat[1] == start:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-            except ProcessLookupError:
-                pass
-    return killed
-
-
 def watch(owner: int) -> list[int]:
     """Note the owner's descendants while it lives (bounded by its life), then kill them."""
-    noted: dict[int, int] = {}
-    watchdog = os.getpid()
-    while proc_stat(owner) is not None:
+    noted: Noted = {}
+    watchdog, started = os.getpid(), start_time(owner)
+    while started is not None and is_alive(owner, started):
         noted.update((pid, start) for pid, start in descendants(owner).items() if pid != watchdog)
         time.sleep(PERIOD_S)
     return kill_noted(noted)
