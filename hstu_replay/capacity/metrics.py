@@ -1,9 +1,10 @@
 """Prometheus `/metrics` of Triton (and of our target's KV cache), scraped around each step.
 
-The text exposition format is parsed here (no client library): `name{label="value",...} value
-[timestamp]`, with `\\\\`, `\\"` and `\\n` escapes in label values. Counters are compared between
-the scrape before a step and the one after; gauges are averaged over scrapes taken while the
-step runs. The deltas cover the whole step (priming, warm-up and measured requests alike).
+The text exposition format (`name{label="value",...} value [timestamp]`) is read by
+prometheus_client's parser; each sample is kept by its own name (a counter's `_total` included),
+its labels and its value. Counters are compared between the scrape before a step and the one
+after; gauges are averaged over scrapes taken while the step runs. The deltas cover the whole
+step (priming, warm-up and measured requests alike).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from hstu_replay.errors import ConfigError
 
@@ -49,12 +52,17 @@ Labels = tuple[tuple[str, str], ...]
 
 @dataclass(frozen=True)
 class Sample:
-    name: str
+    name: str  # as the parser gives it: a counter's always ends in `_total`
     labels: Labels
     value: float
+    kind: str = "untyped"  # the family's TYPE: counter, gauge, ...
+
+    def named(self, name: str) -> bool:
+        """Its name, or a counter's as its exposition wrote it (Triton's lack `_total`; the parser adds it)."""
+        return self.name == name or (self.kind == "counter" and self.name == f"{name}_total")
 
     def matches(self, name: str, wanted: Mapping[str, str]) -> bool:
-        if self.name != name:
+        if not self.named(name):
             return False
         have = dict(self.labels)
         return all(have.get(k) == v for k, v in wanted.items())
@@ -79,53 +87,10 @@ class Scrape:
 
 # -- parsing ----------------------------------------------------------------------------------
 
-def _labels(text: str, line_no: int) -> tuple[Labels, int]:
-    """Parse `{a="x",b="y"}` at the start of `text`; returns the labels and the index after `}`."""
-    labels: list[tuple[str, str]] = []
-    i = 1
-    while True:
-        while i < len(text) and text[i] in " ,":
-            i += 1
-        if i < len(text) and text[i] == "}":
-            return tuple(sorted(labels)), i + 1
-        eq = text.find("=", i)
-        if eq < 0 or eq + 1 >= len(text) or text[eq + 1] != '"':
-            raise ValueError(f"line {line_no}: malformed labels")
-        key = text[i:eq].strip()
-        i, value = eq + 2, []
-        while i < len(text) and text[i] != '"':
-            if text[i] == "\\" and i + 1 < len(text):
-                i += 1
-                value.append({"n": "\n"}.get(text[i], text[i]))
-            else:
-                value.append(text[i])
-            i += 1
-        if i >= len(text):
-            raise ValueError(f"line {line_no}: unterminated label value")
-        labels.append((key, "".join(value)))
-        i += 1
-
-
 def parse(text: str) -> Scrape:
-    """Every sample of a Prometheus text exposition; comment and blank lines are skipped."""
-    samples = []
-    for line_no, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        brace = line.find("{")
-        space = line.find(" ")
-        if brace >= 0 and (space < 0 or brace < space):
-            name = line[:brace]
-            labels, end = _labels(line[brace:], line_no)
-            rest = line[brace + end:].split()
-        else:
-            name, *rest = line.split()
-            labels = ()
-        if not name or not rest:
-            raise ValueError(f"line {line_no}: no value")
-        samples.append(Sample(name, labels, float(rest[0])))  # float() reads NaN, +Inf, -Inf
-    return Scrape(tuple(samples))
+    """Every sample of a Prometheus text exposition; ValueError on a malformed line."""
+    return Scrape(tuple(Sample(sample.name, tuple(sorted(sample.labels.items())), float(sample.value), family.type)
+                        for family in text_string_to_metric_families(text) for sample in family.samples))
 
 
 # -- scraping ---------------------------------------------------------------------------------

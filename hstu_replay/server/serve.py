@@ -23,11 +23,14 @@ import sys
 import sysconfig
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from wsgiref.simple_server import WSGIServer
 
 import numpy as np
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from hstu_replay.errors import ConfigError, ServerError
 from hstu_replay.interface import CONTROL_MODEL, KVCACHE, NOCACHE, PYTHON_BACKEND, ModelInterface
@@ -218,33 +221,24 @@ def _control_handler(engine: RankingEngine) -> Callable:
     return infer
 
 
-class _CacheMetrics(BaseHTTPRequestHandler):
-    engine: RankingEngine  # set on the subclass made by `start_cache_metrics`
+class CacheCollector(Collector):
+    """The KV cache's counters and gauges (`CACHE_METRICS`), read from the cache at each scrape."""
 
-    def do_GET(self):  # noqa: N802 - http.server's naming
-        if self.path.rstrip("/") != "/metrics":
-            self.send_error(404)
-            return
+    def __init__(self, engine: RankingEngine):
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
         stats = self.engine.cache.stats()
-        lines = []
         for key, kind, help_text in CACHE_METRICS:
-            name = f"hstu_kvcache_{key}" + ("_total" if kind == "counter" else "")
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {stats[key]}"]
-        body = ("\n".join(lines) + "\n").encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):  # keep the server's stdout for Triton
-        pass
+            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily  # a counter gets `_total`
+            yield family(f"hstu_kvcache_{key}", help_text, value=stats[key])
 
 
-def start_cache_metrics(engine: RankingEngine, options: ServeOptions) -> ThreadingHTTPServer:
-    handler = type("CacheMetrics", (_CacheMetrics,), {"engine": engine})
-    server = ThreadingHTTPServer((options.host, options.cache_metrics_port), handler)
-    threading.Thread(target=server.serve_forever, name="cache-metrics", daemon=True).start()
+def start_cache_metrics(engine: RankingEngine, options: ServeOptions) -> WSGIServer:
+    """The cache-metrics port: prometheus_client's exposition of `CacheCollector`, in a thread."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(CacheCollector(engine))
+    server, _ = start_http_server(options.cache_metrics_port, options.host, registry)
     return server
 
 

@@ -73,6 +73,33 @@ def test_samples_and_labels_are_parsed():
     assert scrape.mean("nv_gpu_utilization") == pytest.approx(0.6)
 
 
+HAND_WORKED = """\
+# HELP nv_inference_count Number of inferences performed (does not include cached requests)
+# TYPE nv_inference_count counter
+nv_inference_count{model="m",version="1"} 12
+nv_inference_count{model="m",version="2"} 30
+nv_inference_count{model="other",version="1"} 7
+# TYPE hstu_kvcache_hit_tokens_total counter
+hstu_kvcache_hit_tokens_total 1.5e3
+# TYPE nv_gpu_utilization gauge
+nv_gpu_utilization{gpu_uuid="a"} 0.25
+nv_gpu_utilization{gpu_uuid="b"} 0.75
+hstu_kvcache_resident_tokens 96
+"""
+
+
+def test_a_hand_worked_page_parses_to_its_numbers():
+    scrape = metrics.parse(HAND_WORKED)
+    assert scrape.series("nv_inference_count", model="m") == [12.0, 30.0]  # a counter as Triton writes it
+    assert scrape.total("nv_inference_count", model="m") == 42  # 12 + 30
+    assert scrape.total("nv_inference_count") == 49  # 12 + 30 + 7
+    assert scrape.total("hstu_kvcache_hit_tokens_total") == 1500  # a counter written with `_total`
+    assert scrape.mean("nv_gpu_utilization") == 0.5  # (0.25 + 0.75) / 2
+    assert scrape.total("nv_gpu_utilization_total") is None  # only a counter answers to `_total`
+    assert scrape.total("hstu_kvcache_resident_tokens") == 96  # untyped
+    assert len(scrape.samples) == 7
+
+
 def test_escapes_special_values_and_timestamps():
     scrape = metrics.parse(
         'odd{path="C:\\\\tmp",msg="say \\"hi\\", {ok}",nl="a\\nb"} 3 1712345678000\n'

@@ -14,6 +14,7 @@ from hstu_replay.interface import CONTROL_MODEL, KVCACHE, NOCACHE, PYTHON_BACKEN
 from hstu_replay.server.native import BackendSettings, config_text, model_entries, model_file
 from hstu_replay.server.serve import CONTROL_OUTPUTS
 from tests.conftest import run_locust, start_server, stop_server
+from tests.exposition import exposed
 from tests.server.test_serve import infer, prefix, user
 
 SETTINGS = BackendSettings("cached", "m", "batched", "/repo", "small", "bfloat16", 3, 4096, 32, "cpu", "127.0.0.1",
@@ -86,7 +87,7 @@ def test_the_control_model_reaches_the_cache_of_the_kvcache_model(native_server)
         assert first[1].tolist() == [0] and second[1].tolist() == [66]  # 6 + 2 x 30 history tokens reused
         np.testing.assert_allclose(second[0], first[0], atol=0.0625)
         text = urllib.request.urlopen(f"http://127.0.0.1:{server.ports.cache_metrics}/metrics").read().decode()
-        values = dict(line.split() for line in text.splitlines() if line and not line.startswith("#"))
+        values = exposed(text)
         clear = grpcclient.InferInput("CLEAR", [1], "INT64")
         clear.set_data_from_numpy(np.array([0], dtype=np.int64))
         stats = client.infer(CONTROL_MODEL, [clear])

@@ -14,6 +14,7 @@ import tritonclient.http as httpclient
 from hstu_replay.interface import INTERFACES, KVCACHE, NOCACHE
 from hstu_replay.request import UserRequest, build_request
 from tests.conftest import BIN, ROOT, assert_nothing_left, start_server, stop_server
+from tests.exposition import exposed
 
 pytestmark = pytest.mark.integration
 
@@ -102,7 +103,7 @@ def test_control_model_and_prometheus_counters(triton_server, client):
     infer(client, KVCACHE.model_name, [user(21, 30, key=930_001)])
     infer(client, KVCACHE.model_name, [user(21, 30, key=930_001)])
     text = urllib.request.urlopen(f"http://127.0.0.1:{triton_server.ports.cache_metrics}/metrics").read().decode()
-    values = dict(line.split() for line in text.splitlines() if line and not line.startswith("#"))
+    values = exposed(text)
     assert int(values["hstu_kvcache_hit_tokens_total"]) >= 66
     clear = grpcclient.InferInput("CLEAR", [1], "INT64")
     clear.set_data_from_numpy(np.array([1], dtype=np.int64))

@@ -7,6 +7,7 @@ import urllib.request
 import pytest
 
 from tests.conftest import run_locust, start_server, stop_server
+from tests.exposition import exposed
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +43,7 @@ def test_the_batched_engine_answers_the_compiled_packages_dumps(engine, referenc
         assert stage["requests"] > 0, stage
         assert stage["hit_disagreements"] == 0, stage  # the server's CACHED_TOKENS are the ledger's
         assert stage["observed_ratio"] == pytest.approx(stage["predicted_ratio"]), stage
-    values = dict(line.split() for line in metrics.splitlines() if line and not line.startswith("#"))
+    values = exposed(metrics)
     assert int(values["hstu_kvcache_hit_tokens_total"]) > 0
     assert sorted(repository.rglob("*.pt2")) == packages  # nothing compiled again
     assert engine == "batched-aoti" or not repository.exists()

@@ -12,6 +12,7 @@ import tritonclient.grpc as grpcclient
 from hstu_replay.interface import CONTROL_MODEL, KVCACHE
 from hstu_replay.server.serve import CONTROL_OUTPUTS
 from tests.conftest import BIN, ROOT, start_server, stop_server
+from tests.exposition import exposed
 from tests.server.test_serve import infer, prefix, user
 
 pytestmark = pytest.mark.integration
@@ -66,7 +67,7 @@ def test_gpu_hit_host_hit_and_recompute_through_a_real_server(tmp_path, frontend
     # the pool took memory for one full request (8 users of 17 pages), not its whole size (2 + 136 pages)
     page = 32 * BPT
     assert (figures["RESIDENT_BYTES"], figures["BUDGET_BYTES"]) == (136 * page, 138 * page)
-    values = dict(line.split() for line in metrics.splitlines() if line and not line.startswith("#"))
+    values = exposed(metrics)
     assert int(values["hstu_kvcache_host_hit_tokens_total"]) == 64
     assert int(values["hstu_kvcache_hit_tokens_total"]) == 128
     assert int(values["hstu_kvcache_onboarded_bytes_total"]) == 64 * BPT
