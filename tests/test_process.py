@@ -1,5 +1,6 @@
-"""A server child's lifecycle: which line of its log says why it failed (logs as tritonserver and `server
-serve` write them), start, readiness, stop and teardown against a stand-in server."""
+"""A child's lifecycle: which line of its log says why it failed (logs as tritonserver and `server
+serve` write them), start, readiness, stop and teardown against a stand-in server; the stop policies
+(the signal to the leader or its session, the grace, the kill) and leftovers against small children."""
 
 from __future__ import annotations
 
@@ -8,12 +9,17 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 
 import pytest
 
+from hstu_replay import process
 from hstu_replay.cli import main
-from hstu_replay.process import SERVED_MODELS, Ports, ServerProcess, StartFailed, port_free, server_error_line
+from hstu_replay.process import (
+    SERVED_MODELS, Child, Ports, ServerProcess, StartFailed, Stopping, port_free, server_error_line,
+)
 
 TRITON_BIND_FAILURE = """\
 E1130 19:16:04.052576 23340 server.cc:241] "CudaDriverHelper has not been initialized."
@@ -139,3 +145,109 @@ def test_server_wait_for_a_server_a_script_started(tmp_path, capsys):
         assert f"process {gone.pid} is gone" in err and "main.cc:1] bind failed" in err
     finally:
         http.shutdown()
+
+
+# -- Child: stop policies and leftovers, against small children ----------------------------------
+
+# Prints its pid and its own child's (a sleeper, in the same session unless `own_session`), then waits.
+PARENT = """
+import os, signal, subprocess, sys, time
+if {ignore_term}:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+sleeper = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                            "time.sleep(60)"], start_new_session={own_session})
+print("pids", os.getpid(), sleeper.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def running(pid: int) -> bool:
+    """From the kernel itself (the child type looks through psutil): it exists and is no zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def started_pids(child: Child, timeout_s: float = 30.0) -> tuple[int, int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for line in child.log.read_text().splitlines():
+            if line.startswith("pids "):
+                own, sleeper = line.split()[1:]
+                return int(own), int(sleeper)
+        time.sleep(0.05)
+    raise AssertionError(f"no pids in {child.log}")
+
+
+def parent(tmp_path, stopping: Stopping, ignore_term: bool = False, own_session: bool = False) -> Child:
+    code = PARENT.format(ignore_term=ignore_term, own_session=own_session)
+    return Child([sys.executable, "-c", code], tmp_path / "child.log", stopping=stopping)
+
+
+def test_the_stop_signal_to_the_session_reaches_what_the_child_started(tmp_path):
+    child = parent(tmp_path, Stopping(signal.SIGKILL, 10.0, group=True))
+    child.start()
+    own, sleeper = started_pids(child)
+    assert own == child.pid
+    teardown = child.stop()
+    assert teardown.exit_code == -signal.SIGKILL and teardown.clean and not teardown.forced
+    assert {own, sleeper} <= set(child.family) and not running(own) and not running(sleeper)
+
+
+def test_a_child_ignoring_its_stop_signal_is_killed_after_the_grace(tmp_path):
+    child = parent(tmp_path, Stopping(signal.SIGTERM, 0.5), ignore_term=True)
+    child.start()
+    own, sleeper = started_pids(child)
+    begin = time.monotonic()
+    teardown = child.stop()
+    assert time.monotonic() - begin < 10  # 0.5 s of grace, then SIGKILL to the session
+    assert teardown.exit_code == -signal.SIGKILL and teardown.clean and not teardown.forced
+    assert not running(own) and not running(sleeper)
+
+
+def test_a_leftover_outside_the_session_is_killed_and_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(process, "GONE_TIMEOUT_S", 1.0)
+    child = parent(tmp_path, Stopping(signal.SIGTERM, 10.0, group=True), own_session=True)
+    child.start()
+    own, sleeper = started_pids(child)
+    child.note_family()
+    teardown = child.stop()
+    assert teardown.exit_code == -signal.SIGTERM  # the leader went; its sleeper, in a session of its own, stayed
+    assert teardown.forced == (f"pid {sleeper}",) and teardown.clean
+    assert not running(sleeper)
+
+
+def test_wait_samples_until_the_child_ends_or_the_time_is_up(tmp_path):
+    rounds = []
+    ends = Child([sys.executable, "-c", "import time, sys; time.sleep(1.0); sys.exit(3)"], tmp_path / "ends.log")
+    ends.start()
+    assert ends.wait(30, 0.1, lambda: rounds.append(time.monotonic())) is True
+    assert ends.exited() == "exit 3" and len(rounds) >= 3
+    assert ends.failure() == f"the child exited (exit 3): no output (log: {tmp_path / 'ends.log'})"
+    hangs = Child([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "hangs.log")
+    with hangs:
+        assert hangs.wait(0.5, 0.1) is False and hangs.running
+    assert hangs.stop().exit_code == -signal.SIGTERM and ends.stop().exit_code == 3
+
+
+def test_a_child_without_a_log_writes_into_ours(capfd):
+    child = Child([sys.executable, "-c", "print('into the parent', flush=True)"], None)
+    child.start()
+    assert child.wait(30) and child.failure() == "the child exited (exit 0); see its output above"
+    assert "into the parent" in capfd.readouterr().out
+    assert child.stop().clean
+
+
+def test_a_readiness_predicate_and_a_child_that_is_never_ready(tmp_path):
+    flag = tmp_path / "ready"
+    code = f"import pathlib, time; time.sleep(0.5); pathlib.Path({str(flag)!r}).touch(); time.sleep(60)"
+    with Child([sys.executable, "-c", code], tmp_path / "log", ready=flag.exists, ready_timeout_s=30) as child:
+        assert flag.exists() and child.running
+    never = Child([sys.executable, "-c", "print('loading', flush=True); import time; time.sleep(60)"],
+                  tmp_path / "never.log", name="the helper", ready=lambda: False, what="the helper's socket",
+                  ready_timeout_s=0.5)
+    with pytest.raises(StartFailed, match=r"the helper's socket not ready after 0.5 s; last log line: loading"):
+        never.launch()
+    assert not never.running

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.scale_out import HostTimes, ScaleResult, Thresholds, limits, planned, scaling, verdict
+from bench.scale_out import ScaleResult, Thresholds, limits, planned, scaling, verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,12 +69,6 @@ def test_the_planner_columns_by_hand():
     four = ScaleResult(4, 16, 2000.0, 2000.0, 1.5, 0.4, 0.75, 0.02, 10.0, 3.0, True, 4000)
     assert planned(four, one) == (2, 3)
     assert planned(one, one) == (1, 1)
-
-
-def test_host_times_read_proc_stat():
-    a = HostTimes.now()
-    b = HostTimes.now()
-    assert 0 <= a.busy_s <= a.total_s <= b.total_s and a.busy_s <= b.busy_s
 
 
 def test_bad_worker_counts_exit_2_before_any_load():
