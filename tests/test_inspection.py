@@ -8,11 +8,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 
 from hstu_replay import inspection
+from tests.kernel import state
 
 # A parent that starts a grandchild and prints both pids, then waits.
 PARENT = """
@@ -39,11 +39,6 @@ time.sleep(60)
 def _child(code: str) -> tuple[subprocess.Popen, list[str]]:
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     return child, child.stdout.readline().split()
-
-
-def _stat_state(pid: int) -> str:
-    text = Path(f"/proc/{pid}/stat").read_text()
-    return text[text.rindex(")") + 2]
 
 
 def test_descendants_are_the_pids_the_children_report_and_kill_noted_takes_them():
@@ -73,9 +68,9 @@ def test_a_zombie_is_gone_and_a_wrong_start_time_is_someone_else():
     assert inspection.kill_noted({child.pid: started - 1.0}) == []  # so it is not killed
     os.kill(child.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while _stat_state(child.pid) != "Z" and time.monotonic() < deadline:
+    while state(child.pid) != "Z" and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert _stat_state(child.pid) == "Z"  # not reaped yet: the kernel still lists it
+    assert state(child.pid) == "Z"  # not reaped yet: the kernel still lists it
     assert not inspection.is_alive(child.pid) and inspection.start_time(child.pid) is None
     child.wait(10)
     assert inspection.descendants(child.pid) == {} and inspection.family(child.pid) == {}

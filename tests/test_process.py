@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from pathlib import Path
 
 import pytest
 
@@ -20,6 +19,7 @@ from hstu_replay.cli import main
 from hstu_replay.process import (
     SERVED_MODELS, Child, Ports, ServerProcess, StartFailed, Stopping, port_free, server_error_line,
 )
+from tests.kernel import running  # the kernel's view, not the child type's psutil
 
 TRITON_BIND_FAILURE = """\
 E1130 19:16:04.052576 23340 server.cc:241] "CudaDriverHelper has not been initialized."
@@ -159,15 +159,6 @@ sleeper = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.s
 print("pids", os.getpid(), sleeper.pid, flush=True)
 time.sleep(60)
 """
-
-
-def running(pid: int) -> bool:
-    """From the kernel itself (the child type looks through psutil): it exists and is no zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def started_pids(child: Child, timeout_s: float = 30.0) -> tuple[int, int]:

@@ -24,6 +24,7 @@ from hstu_replay.dumps.reader import read_dump
 from hstu_replay.flow.l0 import MARKER, hit_warnings
 import hstu_replay.native.replay as native
 from hstu_replay.process import free_ports, port_free
+from tests.kernel import running  # the kernel's view, not the teardown's psutil
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOW = [sys.executable, "-m", "hstu_replay.cli", "flow", "l0"]
@@ -38,20 +39,11 @@ def _summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
-def proc_running(pid: int) -> bool:
-    """`pid` exists and is no zombie, read from the kernel here (the teardown looked through psutil)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
-
-
 def assert_torn_down(summary: dict, ports: list[int]) -> None:
     """The server's processes are gone and its ports free, as seen from here."""
     pids = summary["teardown"]["processes"]
     assert summary["server"]["pid"] in pids and len(pids) >= 3  # serve, tritonserver, watchdog at least
-    assert [pid for pid in pids if proc_running(pid)] == []  # (a reused pid would show here too)
+    assert [pid for pid in pids if running(pid)] == []  # (a reused pid would show here too)
     assert [port for port in ports if not port_free(port)] == []
     assert summary["teardown"]["clean"] is True and summary["teardown"]["left"] == []
 
@@ -187,7 +179,7 @@ def test_a_server_that_cannot_start_fails_at_once_with_its_own_error(tmp_path, c
     assert expected in (out / "logs" / "server.log").read_text()
     own = ports[1:] if fault == "port taken" else ports
     assert summary["teardown"]["ports"] == own
-    assert [pid for pid in summary["teardown"]["processes"] if proc_running(pid)] == []
+    assert [pid for pid in summary["teardown"]["processes"] if running(pid)] == []
     assert [port for port in ports if not port_free(port)] == []
 
 
@@ -216,7 +208,7 @@ def test_ctrl_c_tears_the_server_down(tmp_path, compiled_repository, moment):
     if moment == "serve":
         assert "ready_seconds" not in summary["server"]
     pids = summary["teardown"]["processes"]
-    assert summary["server"]["pid"] in pids and [pid for pid in pids if proc_running(pid)] == []
+    assert summary["server"]["pid"] in pids and [pid for pid in pids if running(pid)] == []
     ports = list(summary["server"]["ports"].values())
     assert [port for port in ports if not port_free(port)] == [] and summary["teardown"]["clean"] is True
 
