@@ -30,7 +30,6 @@ from hstu_replay.loadtest.command import locust_command
 from hstu_replay.process import Child, Ports, ServerProcess, Stopping, log_reason
 
 ROOT = Path(__file__).resolve().parents[1]
-CLIENT_STOP_GRACE_S = 60.0  # a client asked to stop (Locust writes its report) is killed after this
 PA_DIR = ROOT / "runs" / "perf_analyzer"
 PA_BIN = PA_DIR / "perf_analyzer"
 PA_WHEEL = "tritonclient==2.51.0"
@@ -103,8 +102,7 @@ def client(command: Sequence[str], log: Path, env: Mapping[str, str] | None = No
            stop_signal: int = signal.SIGINT) -> Child:
     """A client benchmark's child (a Locust run, perf_analyzer), started: its output in `log`, asked
     to stop by `stop_signal` (Locust writes its report on SIGINT), killed with its session if it hangs."""
-    child = Child(command, log, name="the client", cwd=ROOT, env=env,
-                  stopping=Stopping(stop_signal, CLIENT_STOP_GRACE_S))
+    child = Child(command, log, name="the client", cwd=ROOT, env=env, stopping=Stopping(stop_signal))
     child.start()
     return child
 

@@ -44,8 +44,8 @@ SOCKET_NAME = "cache.sock"
 START_LIMIT_S = 3600.0  # compiling an AOTI repository on first start can take minutes
 #: tritonserver's Python-backend shared memory: start at 64 MiB (a full batch-8 request is ~0.6 MB)
 SHM_DEFAULT_BYTES = 64 * 2**20
-#: SIGINT: tritonserver unloads its models and exits; killed when it has not after a minute
-TRITONSERVER_STOPPING = Stopping(signal.SIGINT, 60.0)
+#: SIGINT: tritonserver unloads its models and exits (killed when it has not after the usual grace)
+TRITONSERVER_STOPPING = Stopping(signal.SIGINT)
 
 
 @dataclass(frozen=True)
