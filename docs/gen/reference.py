@@ -43,12 +43,16 @@ def options_page() -> str:
 
 
 def _commands(parser: argparse.ArgumentParser, prog: str):
-    """(prog, parser) of a parser and every sub-command below it, depth first, in declared order."""
+    """(prog, parser) of a parser and every sub-command below it, depth first, in declared order
+    (a command's aliases, e.g. `server`'s `target`, name the same parser: listed once)."""
     yield prog, parser
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
+            seen: set[int] = set()
             for name, sub in action.choices.items():
-                yield from _commands(sub, f"{prog} {name}")
+                if id(sub) not in seen:
+                    seen.add(id(sub))
+                    yield from _commands(sub, f"{prog} {name}")
 
 
 def commands_page() -> str:

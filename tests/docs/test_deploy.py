@@ -7,10 +7,9 @@ import copy
 import re
 from pathlib import Path
 
+import kubernetes_validate  # the docs extra
 import pytest
-
-yaml = pytest.importorskip("yaml")  # noqa: F841 (the test extra installs PyYAML)
-kubernetes_validate = pytest.importorskip("kubernetes_validate")
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))

@@ -10,8 +10,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 INTERFACE = DOCS / "reference" / "interface.md"
-#: "`--flag` ... (default `value`" in a hand-written page: checked against the option table or the parser
-QUOTED_DEFAULT = re.compile(r"`(--[a-z0-9-]+)`[^`\n]{0,30}\(default `([^`]+)`")
+#: "`--flag` ... (default `value`" or ", default `value`" in a hand-written page: checked against the
+#: option table or the command's parser
+QUOTED_DEFAULT = re.compile(r"`(--[a-z0-9-]+)(?: [^`]*)?`[^`\n]{0,40}?[(,] ?default:? `([^`]+)`")
 
 
 def _limits_table() -> dict[str, int]:
