@@ -65,3 +65,17 @@ def test_every_default_quoted_in_a_page_is_the_code_s():
     wrong = [(str(page), flag, value, sorted(defaults.get(flag, {"no such option"})))
              for page, flag, value in quoted if value not in defaults.get(flag, set())]
     assert not wrong, wrong
+
+
+def test_the_interface_page_lists_every_interface_with_its_model_and_tensors():
+    from hstu_replay.interface import INTERFACES
+
+    rows = {line.split("`")[1]: line for line in INTERFACE.read_text().splitlines()
+            if line.startswith("| `") and line.count("|") == 6}
+    assert set(INTERFACES) <= set(rows), set(INTERFACES) - set(rows)
+    for name, interface in INTERFACES.items():
+        row = rows[name]
+        assert f"`{interface.model_name}`" in row, name
+        assert all(t.name in row for t in interface.inputs), name
+        assert all(t.name in row for t in interface.outputs), name
+        assert row.rstrip(" |").endswith("yes" if interface.uses_cache else "no"), name
