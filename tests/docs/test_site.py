@@ -17,3 +17,6 @@ def test_the_site_builds_strictly(tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     built = {p.relative_to(tmp_path / "site").as_posix() for p in (tmp_path / "site").rglob("index.html")}
     assert {"index.html", "reference/options/index.html", "benchmarks/index.html"} <= built
+    # the README's install and quick start, included into the site rather than copied
+    included = (tmp_path / "site" / "getting-started" / "index.html").read_text()
+    assert "Quick start (five minutes)" in included and "--8&lt;--" not in included
