@@ -34,6 +34,11 @@ def test_every_manifest_is_valid_against_the_kubernetes_schema(name, resource):
     kubernetes_validate.validate(resource, KUBERNETES_VERSION, strict=True)
 
 
+def test_the_guide_names_the_kubernetes_release_checked():
+    release = ".".join(KUBERNETES_VERSION.split(".")[:2])
+    assert f"Kubernetes {release} schemas" in GUIDE.read_text()
+
+
 def test_the_validator_refuses_a_misspelt_field():
     deployment = next(doc for _, doc in _resources() if doc["kind"] == "Deployment")
     bad = copy.deepcopy(deployment)
