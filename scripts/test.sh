@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up, then run the whole test suite (unit and integration, real tritonserver and locust).
+# Set up, build the documentation site with warnings as errors (every page in the nav, every link
+# resolving), then run the whole test suite (unit and integration, real tritonserver and locust).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -11,4 +12,5 @@ if [ ! -x /usr/bin/chromium ]; then
     $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
 fi
 . .venv/bin/activate
+NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet   # the docs site, into runs/site/
 python -m pytest -q "$@"

@@ -1,4 +1,5 @@
-"""`hstu-replay options` against the README's option table (written by hand, separately)."""
+"""`hstu-replay options` against the documented option table (docs/reference/options.md, generated from it;
+tests/docs/test_options_page.py checks that page against Locust's own parser)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,14 @@ from hstu_replay.cli import main
 from hstu_replay.loadtest.listing import listed_options, shown_default
 from hstu_replay.loadtest.options import GROUPS, OPTIONS
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "reference" / "options.md"
 ROW = re.compile(r"^\| `(--[a-z0-9-]+)`[^|]*\| `(LOCUST_[A-Z0-9_]+)` \|([^|]*)\|")
 
 
 def readme_rows() -> dict[str, tuple[str, str]]:
-    """flag -> (env var, default) of the README's "Options" table; a default's remark in
+    """flag -> (env var, default) of the documented option table; a default's remark in
     brackets ('-1 (off)') is dropped."""
-    text = README.read_text()
-    section = text[text.index("### Options"):]
-    section = section[: section.index("\n### ", 1)]
+    section = README.read_text()
     rows = {}
     for line in section.splitlines():
         m = ROW.match(line)
