@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 
 from hstu_replay.benchmark.tables import backend_rows, hardware_line, scaling_rows
-from hstu_replay.report.kit import NO_VALUE, escape, grid, page
+from hstu_replay.output.page import escape, grid, page
+from hstu_replay.output.text import NO_VALUE
 
 #: a compact page of wide tables: figures right-aligned, the first column text
 STYLE = ("body{font:14px/1.4 system-ui,sans-serif;margin:2em auto;max-width:80em;color:#222}"
