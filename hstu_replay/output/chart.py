@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from hstu_replay.output.page import escape
 
-WIDTH, HEIGHT = 560, 320
+WIDTH, HEIGHT = 560, 320  # the width grows where the legend's labels need more
+LEGEND_CHAR_PX = 6.5  # room a legend character takes at font-size 11
 LEFT, RIGHT, TOP, BOTTOM = 64, 440, 36, 272  # the plot area, in pixels
 INSET = 8  # an axis's first and last values sit this far inside the plot area, where asked
 MARK_COLOR = "#d62728"  # rings round flagged points, the cross of a breached one, a limit line
@@ -204,8 +205,10 @@ def chart(name: str, title: str, x: Axis, y: Axis, series: Sequence[Series], leg
     neither references nor a legend are drawn)."""
     x_px, y_px = x.scale(LEFT, RIGHT), y.scale(BOTTOM, TOP)
     drawn = any(x.holds(p.x) and y.holds(p.y) for s in series for p in s.points)
+    longest = max((len(key.label) for group in legend for key in group), default=0) if drawn else 0
+    width = max(WIDTH, math.ceil(RIGHT + 44 + longest * LEGEND_CHAR_PX + 8))
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="hstu-chart" data-chart="{escape(name)}" '
-             f'viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" role="img" '
+             f'viewBox="0 0 {width} {HEIGHT}" width="{width}" height="{HEIGHT}" role="img" '
              f'aria-label="{escape(title)}" font-family="system-ui, sans-serif">',
              f"<title>{escape(title)}</title>",
              f'<text x="{(LEFT + RIGHT) / 2:.1f}" y="20" text-anchor="middle" font-size="13" font-weight="bold" '
@@ -228,5 +231,7 @@ def chart(name: str, title: str, x: Axis, y: Axis, series: Sequence[Series], leg
 
 
 def standalone(svg: str) -> bytes:
-    """A chart as the bytes of an .svg file."""
-    return ('<?xml version="1.0" encoding="UTF-8"?>\n' + svg + "\n").encode()
+    """A chart as the bytes of an .svg file, on white (a page gives it its own background)."""
+    head = svg.index(">") + 1
+    return ('<?xml version="1.0" encoding="UTF-8"?>\n' + svg[:head] + '<rect class="background" width="100%" '
+            'height="100%" fill="white"/>' + svg[head:] + "\n").encode()

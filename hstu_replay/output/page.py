@@ -22,6 +22,7 @@ table { border-collapse: collapse; }
 th, td { border: 1px solid #ccc; padding: .2em .6em; text-align: right; background: #fff; }
 th { background: #f2f2f2; } td.text { text-align: left; }
 .table th:first-child, .table td:first-child { position: sticky; left: 0; z-index: 1; }
+.table td { white-space: nowrap; } .table td.text:last-child { white-space: normal; min-width: 24em; }
 .verdict { padding: .6em 1em; border-radius: 4px; font-weight: bold; }
 .pass { background: #e3f6e3; color: #185c18; } .fail { background: #fbe4e4; color: #8a1414; }
 .none { background: #f2f2f2; color: #555; }

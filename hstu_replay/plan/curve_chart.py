@@ -10,8 +10,10 @@ MILLION = 1e6  # the x axis counts millions of tokens
 
 def curve_chart(curve: CacheCurve, summary: dict) -> str:
     """The curve as it steps (flat until the next budget that changes the ratio), on to 5% past the
-    budget where every return hits; a red dot at each budget of curve.json's `budgets`."""
-    points = curve.points() + [(max(curve.all_fit_tokens, 1) * 1.05, curve.max_ratio)]
+    budget where every return hits, or to the largest budget asked for; a red dot at each budget of
+    curve.json's `budgets`."""
+    end = max([max(curve.all_fit_tokens, 1) * 1.05] + [b["budget_tokens"] for b in summary["budgets"]])
+    points = curve.points() + [(end, curve.max_ratio)]
     line = [Point(b / MILLION, r, f"{b:,.0f} tokens: hit ratio {r:.4f}") for b, r in points]
     asked = [Point(b["budget_tokens"] / MILLION, b["hit_ratio"],
                    f"budget {b['budget_tokens']:,} tokens: hit ratio {b['hit_ratio']:.4f}",
