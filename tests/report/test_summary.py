@@ -1,5 +1,4 @@
 import json
-import math
 from datetime import datetime, timezone
 
 import pytest

@@ -1,6 +1,5 @@
 import csv
 import json
-import os
 import sys
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
