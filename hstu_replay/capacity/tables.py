@@ -121,7 +121,7 @@ def step_line(hit_ratio: float, step: StepResult, out_dir: Path) -> str:
 
 
 def series_label(ratio: dict) -> str:
-    """A hit ratio's name in plots and lines: 'hit ratio 0.80', with its pools where the run served pools."""
+    """A hit ratio's name in charts and lines: 'hit ratio 0.80', with its pools where the run served pools."""
     pools = ratio.get("pools")
     return f"hit ratio {ratio['hit_ratio']:.2f}" + (f" {TargetPools(**pools).name}" if pools else "")
 

@@ -16,7 +16,7 @@ from hstu_replay.output.text import NO_VALUE
 CSS = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 2em auto; padding: 0 1em; max-width: 72em; color: #222; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
-p, li, dd, dt { overflow-wrap: anywhere; }
+p, li, dd, dt { overflow-wrap: anywhere; } pre { overflow-x: auto; }
 .table { max-width: 100%; overflow-x: auto; margin: .5em 0; }
 table { border-collapse: collapse; }
 th, td { border: 1px solid #ccc; padding: .2em .6em; text-align: right; background: #fff; }
