@@ -23,6 +23,7 @@ SERVERS_BASIS = {
 
 
 def step_dict(step: StepResult, out_dir: Path) -> dict:
+    """One step as capacity.json's `steps` list it, its report dir relative to `out_dir`."""
     m = step.measurement
     report_dir = m.report_dir
     if report_dir is not None:
