@@ -19,7 +19,7 @@ In the order printed:
   `RunStats.take()` travels as a Locust "stats" message (msgpack, both ways) to the master,
   which merges it as `loadtest.hooks` does. RSS (VmRSS) is sampled ten times over the run.
 - The final report from the merged statistics through `loadtest.finish.write_final_report`
-  (JSON, CSV, PNG plots, HTML), as the master writes it when Locust quits. Its req/s columns
+  (JSON, CSV, SVG charts, HTML), as the master writes it when Locust quits. Its req/s columns
   are the bench's own pace: no server answered.
 - Where a request's bookkeeping goes: the cache model, the statistics, the record.
 - The cache model alone (`CacheModel.predict` then `retire`): CPU per request and what it holds
@@ -376,9 +376,9 @@ def accounting_and_report(args, requests: int, out: Path) -> None:
           f"{last.rss_mib:.1f} MiB at {last.requests:,}: growth {run.rss_growth_mib:+.1f} MiB; "
           f"flat: {'yes' if run.flat else 'no'} (bound {FLAT_MIB:g} MiB)", flush=True)
 
-    print("\n## Final report: loadtest.finish.write_final_report (JSON, CSV, PNG, HTML)\n", flush=True)
+    print("\n## Final report: loadtest.finish.write_final_report (JSON, CSV, SVG, HTML)\n", flush=True)
     seconds = final_report_s(master_runtime)
-    sizes = {p.name: p.stat().st_size for p in sorted(out.glob("report*")) + sorted(out.glob("*.png"))}
+    sizes = {p.name: p.stat().st_size for p in sorted(out.glob("report*")) + sorted(out.glob("*.svg"))}
     merged = master.stats
     print(f"\nfinal report written in {seconds:.2f} s from {sum(b.requests for b in merged.bins.values()):,} "
           f"measured requests in {len(merged.bins)} bins; files: "

@@ -12,4 +12,4 @@ fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[target,gpu,report,bench,test,docs]"
+python -m pip install -q -e ".[target,gpu,bench,test,docs]"

@@ -20,10 +20,10 @@ from hstu_replay.client.triton import ClientOptions, TritonClient
 from hstu_replay.errors import ConfigError, InputError, LimitError
 from hstu_replay.interface import INTERFACES, Limits
 from hstu_replay.benchmark.cases import Case, make_cases, users_from_dumps, users_from_store
-from hstu_replay.report.benchmark import render_protocol_html
+from hstu_replay.benchmark.page import render_protocol_html
 from hstu_replay.benchmark.passes import Caller, PassResult, run_passes
 from hstu_replay.benchmark.tables import build_protocol_report, render_text
-from hstu_replay.report.writers import atomic_write, report_json
+from hstu_replay.output.files import atomic_write, json_bytes
 
 DEFAULT_MODELS = "hstu_model,hstu_gr_ranking,hstu_gr_ranking_kvcache"
 SCALING_MODEL = "hstu_gr_ranking_kvcache"
@@ -167,7 +167,7 @@ def _write(report: dict, out: Path | None) -> None:
         out.mkdir(parents=True, exist_ok=True)
         # the page first: once protocol.json is there (what a watcher waits for), both are
         atomic_write(out / HTML_NAME, render_protocol_html(report).encode())
-        atomic_write(out / JSON_NAME, report_json(report))
+        atomic_write(out / JSON_NAME, json_bytes(report))
 
 
 def _served(client, model: str) -> int | None:

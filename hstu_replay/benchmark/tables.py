@@ -14,8 +14,8 @@ from datetime import datetime, timezone
 import hstu_replay
 from hstu_replay.benchmark import published
 from hstu_replay.benchmark.passes import CACHED, COLD, PassResult, mean_pass
-from hstu_replay.report.kit import NO_VALUE, fmt
-from hstu_replay.report.summary import format_table, jsonable
+from hstu_replay.output.files import jsonable
+from hstu_replay.output.text import NO_VALUE, fmt, format_table
 
 DEFINITION = ("latency per logical request = end-to-end time of a pass / (Triton calls x logical batch size); "
               "one warm-up call and the sleep after it, data loading, re-batching, cache-key generation and "

@@ -2,5 +2,6 @@
 
 `search` is the pure logic (SLO verdicts, sustainable throughput, knee, servers needed),
 `metrics` scrapes Triton's Prometheus endpoint, `driver` runs each step as a real headless
-Locust run, `report` writes capacity.json/csv/png/html, `cli` is `hstu-replay capacity run`.
+Locust run; its outputs: `result` (capacity.json's dict), `tables` (terminal and page tables),
+`charts` (SVG), `page` (capacity.html), `files` (everything on disk); `cli` is `hstu-replay capacity run`.
 """

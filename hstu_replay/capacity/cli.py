@@ -249,7 +249,9 @@ def _failure_line(data: dict) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from hstu_replay.capacity.driver import check_endpoints, run_capacity
-    from hstu_replay.report.capacity import capacity_dict, format_summary, step_line, write_capacity
+    from hstu_replay.capacity.files import write_capacity
+    from hstu_replay.capacity.result import capacity_dict
+    from hstu_replay.capacity.tables import format_summary, step_line
 
     plan = plan_from_args(args)
     check_endpoints(plan)

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hstu_replay.capacity.natural_page import HTML_NAME, render_html
 from hstu_replay.capacity.pools import SERVER_STOP_GRACE_S, TargetPools, served
 from hstu_replay.capacity.search import Measurement, Slo, judge
 from hstu_replay.capacity.shards import combine, spread
@@ -355,8 +356,6 @@ def _fmt(value: float | None, spec: str = ".4f") -> str:
 
 def write_result(result: dict, out_dir: Path) -> Path:
     """capacity_natural.json, and its page beside it."""
-    from hstu_replay.report.capacity_natural import HTML_NAME, render_html
-
     path = out_dir / RESULT_JSON
     path.write_text(json.dumps(result, indent=2))
     (out_dir / HTML_NAME).write_text(render_html(result))

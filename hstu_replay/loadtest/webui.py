@@ -2,7 +2,7 @@
 table, live while the run goes, and the live HTML report one click away.
 
 Locust's extended tab is a table fed by `extended_stats` in /stats/requests; the charts are the
-report's SVG charts (report/svg.py), fetched from /hstu/charts and placed above that table by a small
+report's SVG charts (report/charts.py), fetched from /hstu/charts and placed above that table by a small
 script (webui_tab.js) added to Locust's page. Rows and charts come from one report object: the
 report written at the end of the run (report.json) once it ended, the live one before.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from flask import Response, request
 
 from hstu_replay.report.html import source_label, tiers_section
-from hstu_replay.report.kit import escape
+from hstu_replay.output.page import escape
 from hstu_replay.report.summary import goal_name
 from hstu_replay.report.tiers import shows_tiers, tier_columns
 from hstu_replay.report.workers import loss_lines
@@ -69,7 +69,7 @@ def _tier_cells(stage: dict) -> dict[str, str]:
 
 
 def charts_fragment(report: dict | None) -> str:
-    from hstu_replay.report.svg import charts
+    from hstu_replay.report.charts import charts
 
     if report is None:
         return "<p>No run yet.</p>"

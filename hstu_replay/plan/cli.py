@@ -51,7 +51,7 @@ def add_commands(groups) -> None:
     STORE.add_to(curve, help="prepared store to replay", required=True)
     BUDGETS.add_to(curve, default="", help="budgets (tokens) to report, e.g. 100000,1000000 "
                                            "(the whole curve is written anyway)")
-    Option("--out", "write curve.json, curve.csv and curve.png here", metavar="DIR").add_to(curve)
+    Option("--out", "write curve.json, curve.csv and curve.svg here", metavar="DIR").add_to(curve)
     CANDIDATES.add_to(curve, help="candidates per visit, at most")
     MAX_HISTORY.add_to(curve)
     OVER_LIMIT.add_to(curve)
@@ -140,7 +140,8 @@ def _export(args: argparse.Namespace) -> int:
 def _cache_curve(args: argparse.Namespace) -> int:
     from hstu_replay.plan.over_limit import HistoryPolicy, accounts_line
     from hstu_replay.plan.tiers import OFFLOAD_MODES
-    from hstu_replay.report.curve import CurveOptions, curve_json, store_curves, tiers_json, tiers_lines, write_curve
+    from hstu_replay.plan.curve_files import curve_json, tiers_json, tiers_lines, write_curve
+    from hstu_replay.plan.store_curve import CurveOptions, store_curves
 
     limits = Limits(max_history=args.max_history, max_values=args.max_values)
     _within(("--batch-size", args.batch_size, 1, limits.max_batch),

@@ -1,9 +1,9 @@
-"""Reports of a run: report.json, CSV, PNG plots, one self-contained HTML page, CI thresholds.
+"""The report of a run: report.json, CSV, SVG charts, one self-contained HTML page, CI thresholds.
 
 `build_report` turns RunStats into one JSON-safe object; everything else reads that object.
 """
 
-from hstu_replay.report.summary import build_report, format_table, latency_table
+from hstu_replay.report.summary import build_report, latency_table
 from hstu_replay.report.thresholds import Thresholds, evaluate, parse_thresholds, verdict
 from hstu_replay.report.writers import WRITERS, write_reports
 
@@ -12,7 +12,6 @@ __all__ = [
     "Thresholds",
     "build_report",
     "evaluate",
-    "format_table",
     "latency_table",
     "parse_thresholds",
     "verdict",

@@ -16,10 +16,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 from hstu_replay.report.flags import FLAG_MEANINGS
-from hstu_replay.report.kit import NO_VALUE, cell, escape, fmt, grid, page, table
+from hstu_replay.output.page import escape, figures, grid, page, table
+from hstu_replay.output.text import NO_VALUE, cell, fmt
 from hstu_replay.report.natural import natural_html
 from hstu_replay.report.summary import goal_name, latency_table
-from hstu_replay.report.svg import charts
+from hstu_replay.report.charts import charts
 from hstu_replay.report.tiers import shows_tiers, tier_table
 from hstu_replay.report.workers import workers_html
 
@@ -206,7 +207,7 @@ def render_html(report: dict) -> str:
         _meta(report),
         _verdict(report.get("thresholds")),
         "<h2>Latency vs hit ratio</h2>",
-        f'<div class="charts">{"".join(charts(report))}</div>',
+        figures(charts(report)),
         grid(latency),
         "<h2>Stages: target vs achieved hit ratio</h2>", _stages(report["stages"]),
         *tiers_section(report),

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from hstu_replay.plan.over_limit import ACCOUNTS_HEADER, HistoryPolicy, VisitAccounts, accounts_rows
 from hstu_replay.plan.timeline import label_accounts, label_visits
-from hstu_replay.report.kit import cell, escape, table
+from hstu_replay.output.page import escape, table
+from hstu_replay.output.text import cell
 from hstu_replay.stats.histogram import LatencyHistogram
 
 RATIO_BINS = 10  # [0, 0.1), ..., [0.9, 1.0]

@@ -1,41 +1,20 @@
 """The report object (what report.json holds), built from a run's merged statistics.
 
 `build_report` is pure apart from the clock (pass `created` to pin it): every writer
-(JSON, CSV, plots, HTML) and the CI thresholds read this one object, never RunStats.
+(JSON, CSV, charts, HTML) and the CI thresholds read this one object, never RunStats.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 from datetime import datetime, timezone
-from typing import Any
 
 import hstu_replay
+from hstu_replay.output.files import jsonable
+from hstu_replay.output.text import NO_VALUE, fmt
 from hstu_replay.report.flags import StageRules, stage_flags
-from hstu_replay.report.kit import NO_VALUE, fmt
 from hstu_replay.report.tiers import stage_tiers
 from hstu_replay.stats.run_stats import BinKey, BinStats, RunStats
-
-def jsonable(value: Any) -> Any:
-    """A copy fit for strict JSON: NaN and infinities become None, keys strings, tuples lists.
-
-    Anything else that JSON cannot hold (a Path, an enum) becomes its str().
-    """
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        value = float(value)
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, (set, frozenset)):
-        return [jsonable(v) for v in sorted(value, key=str)]
-    return str(value)
 
 
 def _ratio(part: int, whole: int) -> float:
@@ -224,16 +203,3 @@ def latency_table(report: dict) -> list[list[str]]:
             ",".join(b["flags"]) or "ok",
         ])
     return rows
-
-
-def format_table(rows: list[list[str]]) -> str:
-    """Right-aligned columns, two spaces apart, with a rule under the header row."""
-    if not rows:
-        return ""
-    widths = [max(len(row[i]) for row in rows if i < len(row)) for i in range(len(rows[0]))]
-
-    def line(row: list[str]) -> str:
-        return "  ".join(cell.rjust(w) for cell, w in zip(row, widths)).rstrip()
-
-    rule = "  ".join("-" * w for w in widths)
-    return "\n".join([line(rows[0]), rule, *(line(r) for r in rows[1:])])

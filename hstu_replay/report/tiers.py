@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from hstu_replay.plan.tiers import Tier
-from hstu_replay.report.kit import NO_VALUE, fmt
+from hstu_replay.output.text import NO_VALUE, fmt
 from hstu_replay.stats.run_stats import BinStats
 
 #: How far a steered stage's share of a tier may lie from its target mix.

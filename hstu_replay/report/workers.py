@@ -8,7 +8,7 @@ worker that joined after the sweep had started. Every stage a loss overlapped is
 
 from __future__ import annotations
 
-from hstu_replay.report.kit import table
+from hstu_replay.output.page import table
 
 WORKER_LOST = "worker-lost"
 

@@ -9,20 +9,22 @@ import math
 import os
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
-from hstu_replay.report import capacity as capacity_report
+from hstu_replay.capacity import charts, files, tables
+from hstu_replay.capacity.result import capacity_dict
 from hstu_replay.capacity.cli import plan_from_args
 from hstu_replay.capacity.driver import LOAD_KINDS, CapacityPlan, run_capacity, step_command
 from hstu_replay.capacity.step import measurement_from_report
 from hstu_replay.capacity.search import Measurement, Slo
 from hstu_replay.cli import build_parser, main
-from hstu_replay.report import plots
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+SVG = "{http://www.w3.org/2000/svg}"
 
 
 def parse(*argv: str):
@@ -132,7 +134,7 @@ def test_result_files_from_scripted_steps(tmp_path):
              (1.0, 1): (20, 40, 60), (1.0, 2): (36, 45, 80), (1.0, 4): (40, 90, 130)}
     result = run_capacity(plan, scripted(curve))
     assert result.unsustainable == [0.0]
-    written = capacity_report.write_capacity(result)
+    written = files.write_capacity(result)
     data = json.loads((tmp_path / "capacity.json").read_text())
     assert data["passed"] is False and data["unsustainable"] == [0.0]
     assert data["slo"] == {"p99_ms": 100.0, "error_ratio": 0.01} and data["load"]["kind"] == "users"
@@ -155,15 +157,20 @@ def test_result_files_from_scripted_steps(tmp_path):
     assert rows[2]["workers_needed"] == "2" and rows[0]["workers_needed"] == ""
     page = written["html"].read_text()
     assert "<b>&model" not in page and "&lt;b&gt;&amp;model" in page
-    table = capacity_report.format_summary(data)
+    table = tables.format_summary(data)
     assert table.splitlines()[0].split()[:2] == ["hit", "ratio"] and "1.00" in table
     line = ("workers needed for 100 req/s (target 100 logical/s) at b1 h1.00: 2 "
             "(client CPU 10 ms/request, 70% of a core per worker)")
     assert line in table.splitlines() and "a cost per report, not per request" in table
     assert line in page
-    if plots.available():
-        assert (tmp_path / "capacity_p99.png").read_bytes()[:4] == b"\x89PNG"
-        assert page.count("data:image/png;base64,") == 2
+    assert written["svg"] == tmp_path / charts.THROUGHPUT_SVG
+    assert page.count('<svg xmlns="http://www.w3.org/2000/svg"') == 2  # both charts, inline
+    p99 = ET.parse(tmp_path / charts.P99_SVG).getroot()
+    # every step with its p99 as capacity.json has it, the breached ones crossed
+    drawn = sorted((float(c.get("data-load")), float(c.get("data-value")), c.get("data-passed"))
+                   for c in p99.iter(f"{SVG}circle"))
+    assert drawn == sorted((s["load"], s["p99_ms"], str(s["passed"]).lower()) for r in data["ratios"] for s in r["steps"])
+    assert len(list(p99.iter(f"{SVG}path"))) == sum(not s["passed"] for r in data["ratios"] for s in r["steps"]) + 1
 
 
 def test_pools_are_every_gpu_and_host_pair():
@@ -196,7 +203,7 @@ def test_the_result_per_tier_budget(tmp_path):
         steps = step_until_breach(plan.loads, lambda load: run(plan, 0.8, load), plan.slo)
         groups.append(PoolsResult(pools, (summarize(0.8, steps, None),)))
     result = CapacityResult(plan, tuple(r for g in groups for r in g.ratios), "now", tuple(groups))
-    written = capacity_report.write_capacity(result)
+    written = files.write_capacity(result)
     data = json.loads((tmp_path / "capacity.json").read_text())
     assert data["pools"] == [{"gpu_tokens": 3000, "host_tokens": 0, "offload_mode": "native"},
                              {"gpu_tokens": 3000, "host_tokens": 9000, "offload_mode": "native"}]
@@ -206,26 +213,26 @@ def test_the_result_per_tier_budget(tmp_path):
     assert first["slo_crossing"] == pytest.approx(2 + 40 * 2 / 70)
     assert (second["within_slo"]["load"], second["stopped_at"], second["slo_crossing"]) == (4, None, None)
     assert second["sustainable"]["load"] == 2  # the peak throughput: not what "users per GPU" asks
-    table = capacity_report.pools_table(data)
+    table = tables.pools_table(data)
     assert table[0][:5] == ["GPU tokens", "host tokens", "hit ratio", "concurrent users per GPU",
                             "at the SLO (interpolated)"]
     assert table[1][:7] == ["3,000", "0", "0.80", "2", "3.1", "30.0", "60.00"]
     assert table[2][:7] == ["3,000", "9,000", "0.80", "4", "-", "38.0", "80.00"]
-    summary = capacity_report.format_summary(data)
+    summary = tables.format_summary(data)
     assert "per tier budget (one server = one GPU):" in summary
-    assert capacity_report.summary_table(data)[0][:3] == ["GPU tokens", "host tokens", "hit ratio"]
+    assert tables.summary_table(data)[0][:3] == ["GPU tokens", "host tokens", "hit ratio"]
     page = written["html"].read_text()
     assert "Users per GPU per tier budget" in page and "(3,000, 9,000)" in page
     rows = list(csv.DictReader((tmp_path / "capacity.csv").open()))
     assert [(r["gpu_tokens"], r["host_tokens"], r["load"]) for r in rows] == [
         ("3000", "0", "1"), ("3000", "0", "2"), ("3000", "0", "4"), ("3000", "9000", "1"), ("3000", "9000", "2"),
         ("3000", "9000", "4")]
-    plain = capacity_report.capacity_dict(run_capacity(parse("--slo-p99-ms", "100", "--users-steps", "1",
+    plain = capacity_dict(run_capacity(parse("--slo-p99-ms", "100", "--users-steps", "1",
                                                              "--hit-ratios", "0.8", "--store", "s",
                                                              "--out", str(tmp_path / "plain")),
                                                        scripted({(0.8, 1): (20, 30, 40)})))
-    assert plain["pools"] == [] and capacity_report.pools_table(plain) == []
-    assert "per tier budget" not in capacity_report.format_summary(plain)
+    assert plain["pools"] == [] and tables.pools_table(plain) == []
+    assert "per tier budget" not in tables.format_summary(plain)
 
 
 # -- real runs (integration) ------------------------------------------------------------------

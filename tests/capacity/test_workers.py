@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hstu_replay.report.capacity import worker_line
+from hstu_replay.capacity.tables import worker_line
 from hstu_replay.capacity.search import Measurement, Slo, judge, summarize
 from hstu_replay.capacity.workers import WorkerPlan, plan_workers, workers_needed
 

@@ -86,6 +86,19 @@ def test_records_hold_every_request(dump_sweep):
     assert dump_sweep.report["run"]["users"] == 1  # the users the run had, though they stopped before it was written
 
 
+def test_the_chart_files_hold_what_report_json_holds(dump_sweep):
+    import xml.etree.ElementTree as ET
+
+    from hstu_replay.report.charts import CHART_NAMES, LATENCY_SVG
+
+    circles = ET.parse(dump_sweep.report_dir / LATENCY_SVG).getroot().iter("{http://www.w3.org/2000/svg}circle")
+    drawn = {(c.get("data-stage"), c.get("data-metric")): float(c.get("data-y")) for c in circles if c.get("data-stage")}
+    assert drawn == {(b["name"], k): b[k] for b in dump_sweep.report["bins"] for k in ("p50_ms", "p99_ms", "mean_ms")
+                     if b[k] is not None and b["achieved_ratio"] is not None}
+    assert all((dump_sweep.report_dir / name).is_file() for name in CHART_NAMES)
+    assert not list(dump_sweep.report_dir.glob("*.png"))
+
+
 def test_session_replay_reaches_its_targets(triton_server, sample_store, tmp_path):
     result = run_locust(
         tmp_path, "-u", "2", "-r", "2", "--triton-url", triton_server.grpc_url, "--workload", "sessions",

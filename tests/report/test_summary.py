@@ -1,11 +1,10 @@
 import json
-import math
 from datetime import datetime, timezone
 
 import pytest
 
 import hstu_replay
-from hstu_replay.report.summary import build_report, format_table, jsonable, latency_table
+from hstu_replay.report.summary import build_report, latency_table
 from hstu_replay.stats.histogram import LatencyHistogram
 from hstu_replay.stats.run_stats import BinKey, BinStats, RunStats
 
@@ -126,16 +125,6 @@ def test_server_figures_attach_by_bin_name():
     assert b["b1_h0.00"]["server"] is None
 
 
-def test_jsonable():
-    from pathlib import Path
-
-    import numpy as np
-
-    assert jsonable({1: (math.inf, np.int64(3), np.float64(2.5), Path("/x"))}) == {
-        "1": [None, 3, 2.5, "/x"]}
-    assert jsonable(True) is True
-
-
 def test_latency_table_rows():
     rows = latency_table(hand_report())
     assert rows[0] == ["batch", "target", "achieved", "from", "requests", "primes", "req/s", "server req/s",
@@ -157,12 +146,6 @@ def test_ms_per_logical_request_is_the_mean_over_the_users_of_a_request():
     assert b["b8_h1.00"]["ms_per_logical_request"] is None  # nothing measured
     assert stages["b8_h0.50"]["ms_per_logical_request"] == b["b8_h0.50"]["ms_per_logical_request"]
     assert stages["b8_h0.50"]["mean_ms"] == pytest.approx(25.0, rel=1e-3)
-
-
-def test_format_table_aligns_right():
-    text = format_table([["a", "bbb"], ["1000", "2"]])
-    assert text.splitlines() == ["   a  bbb", "----  ---", "1000    2"]
-    assert format_table([]) == ""
 
 
 def test_distinct_target_ratios_get_distinct_bin_names():

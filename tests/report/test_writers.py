@@ -1,22 +1,22 @@
 import csv
 import json
-import os
 import sys
+import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 
 import pytest
 
 from hstu_replay.errors import ConfigError
-from hstu_replay.report import plots, writers
+from hstu_replay.report import charts
 from hstu_replay.report.html import render_html
 from hstu_replay.report.summary import build_report
 from hstu_replay.report.thresholds import evaluate, parse_thresholds, verdict
-from hstu_replay.report.writers import WRITERS, atomic_write, write_reports
+from hstu_replay.report.writers import WRITERS, write_reports
 from hstu_replay.stats.histogram import LatencyHistogram
 from hstu_replay.stats.run_stats import BinKey, BinStats, RunStats
 
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-ALL_FILES = {"report.json", "report.csv", "report.html", *plots.PLOT_NAMES}
+SVG = "{http://www.w3.org/2000/svg}svg"
+ALL_FILES = {"report.json", "report.csv", "report.html", *charts.CHART_NAMES}
 EVIL = "<script>alert('x')</script>"
 
 
@@ -40,12 +40,12 @@ def report() -> dict:
 
 
 def test_registry_names():
-    assert set(WRITERS) == {"json", "csv", "png", "html"}
+    assert set(WRITERS) == {"json", "csv", "svg", "html"}
 
 
 def test_write_all_formats(tmp_path, report):
     out = write_reports(report, tmp_path / "out")
-    assert set(out) == {"json", "csv", "png", "html"}
+    assert set(out) == {"json", "csv", "svg", "html"}
     assert all(p.exists() for p in out.values())
     assert {p.name for p in (tmp_path / "out").iterdir()} == ALL_FILES  # no temp files left
 
@@ -79,15 +79,22 @@ def test_html_stage_table_shows_ms_per_logical_request(report):
     assert "<td>0.500</td>" in stages  # b1_h1.00: mean 0.5 ms over 1 user
 
 
-def test_pngs_are_png_files(report):
-    pngs = plots.render_plots(report)
-    assert set(pngs) == set(plots.PLOT_NAMES)
-    assert all(data.startswith(PNG_MAGIC) for data in pngs.values())
+def test_chart_files_are_svg_documents(tmp_path, report):
+    write_reports(report, tmp_path, formats=["svg"])
+    assert {p.name for p in tmp_path.iterdir()} == set(charts.CHART_NAMES)
+    roots = {name: ET.parse(tmp_path / name).getroot() for name in charts.CHART_NAMES}
+    assert all(root.tag == SVG for root in roots.values())
+    # b1_h1.00's p50 (0.40 ms, the histogram's midpoint) is a point of the latency file, exactly as report.json has it
+    b = report["bins"][1]
+    points = {(c.get("data-stage"), c.get("data-metric")): float(c.get("data-y"))
+              for c in roots[charts.LATENCY_SVG].iter("{http://www.w3.org/2000/svg}circle") if c.get("data-stage")}
+    assert points[(b["name"], "p50_ms")] == b["p50_ms"] and points[(b["name"], "mean_ms")] == b["mean_ms"]
 
 
-def test_plots_of_an_empty_run_still_render():
+def test_charts_of_an_empty_run_still_render(tmp_path):
     empty = build_report(RunStats(), {})
-    assert all(d.startswith(PNG_MAGIC) for d in plots.render_plots(empty).values())
+    write_reports(empty, tmp_path, formats=["svg"])
+    assert all(ET.parse(tmp_path / name).getroot().tag == SVG for name in charts.CHART_NAMES)
 
 
 def test_html_is_self_contained_and_escaped(report):
@@ -107,38 +114,15 @@ def test_html_file_draws_its_charts_without_plot_files(tmp_path, report):
     assert {p.name for p in tmp_path.iterdir()} == {"report.html"}
 
 
-def test_without_matplotlib_png_is_skipped_and_html_keeps_its_charts(tmp_path, report, monkeypatch):
+def test_without_matplotlib_every_file_is_written(tmp_path, report, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
-    assert not plots.available()
     out = write_reports(report, tmp_path)
-    assert isinstance(out["png"], str) and "matplotlib" in out["png"]
     page = out["html"].read_text()
     assert 'data-chart="latency"' in page and "2.00x" in page
-    assert {p.name for p in tmp_path.iterdir()} == {"report.json", "report.csv", "report.html"}
+    assert {p.name for p in tmp_path.iterdir()} == ALL_FILES
 
 
 def test_unknown_format_writes_nothing(tmp_path, report):
     with pytest.raises(ConfigError, match="'pdf'"):
         write_reports(report, tmp_path, formats=["json", "pdf"])
     assert list(tmp_path.iterdir()) == []
-
-
-def test_atomic_write_failure_keeps_the_old_file_and_no_temp(tmp_path, monkeypatch):
-    target = tmp_path / "report.json"
-    atomic_write(target, b"old")
-
-    def broken_replace(src, dst):
-        raise OSError("disk gone")
-
-    monkeypatch.setattr(writers.os, "replace", broken_replace)
-    with pytest.raises(OSError):
-        atomic_write(target, b"new")
-    assert target.read_bytes() == b"old"
-    assert os.listdir(tmp_path) == ["report.json"]
-
-
-def test_atomic_write_uses_normal_permissions(tmp_path):
-    umask = os.umask(0o022)
-    os.umask(umask)
-    path = atomic_write(tmp_path / "x", b"1")
-    assert path.stat().st_mode & 0o777 == 0o666 & ~umask

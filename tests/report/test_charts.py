@@ -1,10 +1,11 @@
-"""The SVG charts, checked against hand-worked pixel positions and parsed as XML."""
+"""A run's SVG charts, checked against hand-worked pixel positions and parsed as XML."""
 
 import xml.etree.ElementTree as ET
 
 import pytest
 
-from hstu_replay.report import svg
+from hstu_replay.output.chart import COLORS
+from hstu_replay.report import charts
 
 NS = {"s": "http://www.w3.org/2000/svg"}
 
@@ -26,24 +27,12 @@ def _points(chart: str) -> list[dict]:
     return [c.attrib for c in root.iter("{http://www.w3.org/2000/svg}circle")]
 
 
-@pytest.mark.parametrize("top, ticks", [
-    (20.0, [0, 5, 10, 15, 20]),  # steps of 1, 2, 2.5 need more than 5; 5 reaches 20 in 4
-    (23.24, [0, 5, 10, 15, 20, 25]),
-    (1.37, [0, 0.5, 1.0, 1.5]),
-    (0.7, [0, 0.2, 0.4, 0.6, 0.8]),
-    (49.0, [0, 10, 20, 30, 40, 50]),
-    (0.0, [0, 1]),
-])
-def test_nice_ticks(top, ticks):
-    assert svg.nice_ticks(top) == pytest.approx(ticks)
-
-
 def test_series_per_batch_by_ratio_without_empty_bins(report):
-    assert svg.series(report, "p50_ms") == {1: [svg.Point("b1_h0.00", 0.0, 10.0), svg.Point("b1_h1.00", 1.0, 5.0)]}
+    assert charts.series(report, "p50_ms") == {1: [charts.Point("b1_h0.00", 0.0, 10.0), charts.Point("b1_h1.00", 1.0, 5.0)]}
 
 
 def test_latency_points_sit_where_worked_out_by_hand(report):
-    points = _points(svg.latency_chart(report))
+    points = _points(charts.latency_chart(report))
     # x: ratio 0 -> 64 + 8 = 72 px, ratio 1 -> 440 - 8 = 432 px; y: 0..20 ms over 272..36 px (236 px)
     by_key = {(p["data-stage"], p["data-metric"]): (p["cx"], p["cy"]) for p in points}
     assert by_key == {
@@ -56,7 +45,7 @@ def test_latency_points_sit_where_worked_out_by_hand(report):
 
 def test_points_carry_exact_values_and_a_tooltip():
     report = {"bins": [_bin("b2_h0.33", 2, 0.3333333333333333, 12.345678901234567, 20.1, None)]}
-    root = ET.fromstring(svg.latency_chart(report))
+    root = ET.fromstring(charts.latency_chart(report))
     circle = root.find(".//s:circle[@data-metric='p50_ms']", NS)
     assert float(circle.get("data-x")) == 0.3333333333333333
     assert float(circle.get("data-y")) == 12.345678901234567
@@ -65,28 +54,28 @@ def test_points_carry_exact_values_and_a_tooltip():
 
 def test_p99_is_dashed_and_each_batch_has_its_colour():
     report = {"bins": [_bin("b1_h0.00", 1, 0.0, 1.0, 2.0), _bin("b8_h0.00", 8, 0.0, 3.0, 4.0)]}
-    root = ET.fromstring(svg.latency_chart(report))
+    root = ET.fromstring(charts.latency_chart(report))
     lines = {(ln.get("data-batch"), ln.get("data-metric")): ln for ln in root.iterfind(".//s:polyline", NS)}
     assert lines[("1", "p99_ms")].get("stroke-dasharray") and not lines[("1", "p50_ms")].get("stroke-dasharray")
-    assert lines[("1", "p50_ms")].get("stroke") == lines[("1", "p99_ms")].get("stroke") == svg.COLORS[0]
-    assert lines[("8", "p50_ms")].get("stroke") == svg.COLORS[1]
+    assert lines[("1", "p50_ms")].get("stroke") == lines[("1", "p99_ms")].get("stroke") == COLORS[0]
+    assert lines[("8", "p50_ms")].get("stroke") == COLORS[1]
     legend = "".join(root.find(".//s:g[@class='legend']", NS).itertext())
     assert legend == "batch 1batch 8p50 msp99 ms"
 
 
 def test_speedup_marks_one_x(report):
-    root = ET.fromstring(svg.speedup_chart(report))
+    root = ET.fromstring(charts.speedup_chart(report))
     # speed-ups 1 and 2: ticks 0, 0.5 .. 2; 1x at 272 - 1/2 * 236 = 154 px
     assert root.find(".//s:line[@class='reference']", NS).get("y1") == "154.0"
-    assert [(p["data-stage"], p["cy"]) for p in _points(svg.speedup_chart(report))] == [
+    assert [(p["data-stage"], p["cy"]) for p in _points(charts.speedup_chart(report))] == [
         ("b1_h0.00", "154.0"), ("b1_h1.00", "36.0")]
 
 
 def test_an_empty_run_draws_axes_and_says_so():
-    charts = svg.charts({"bins": [_bin("b1_h0.00", 1, None)]})
+    drawn = charts.charts({"bins": [_bin("b1_h0.00", 1, None)]})
     y_ticks = {"latency": ["0", "1"], "speedup": ["0", "0.2", "0.4", "0.6", "0.8", "1"]}  # speed-up reaches 1x
-    assert [ET.fromstring(c).get("data-chart") for c in charts] == list(y_ticks)
-    for chart in charts:
+    assert [ET.fromstring(c).get("data-chart") for c in drawn] == list(y_ticks)
+    for chart in drawn:
         root = ET.fromstring(chart)
         axes = root.find("s:g[@class='axes']", NS)
         labels = [t.text for t in axes.findall("s:text", NS)]
@@ -100,7 +89,7 @@ def test_an_empty_run_draws_axes_and_says_so():
 
 def test_names_are_escaped():
     evil = "b1_<script>&\""
-    chart = svg.latency_chart({"bins": [_bin(evil, 1, 0.5, 1.0, 2.0)]})
+    chart = charts.latency_chart({"bins": [_bin(evil, 1, 0.5, 1.0, 2.0)]})
     assert "<script>" not in chart
     assert {p["data-stage"] for p in _points(chart)} == {evil}
 
@@ -108,7 +97,7 @@ def test_names_are_escaped():
 def test_a_flagged_stage_is_ringed_and_named():
     flagged = dict(_bin("b1_h0.50", 1, 0.4, 7.0, 9.0, 1.5), flags=["thin", "off-target"])
     report = {"bins": [dict(_bin("b1_h0.00", 1, 0.0, 10.0, 20.0, 1.0), flags=[]), flagged]}
-    root = ET.fromstring(svg.latency_chart(report))
+    root = ET.fromstring(charts.latency_chart(report))
     points = {(c.get("data-stage"), c.get("data-metric")): c for c in root.iterfind(".//s:circle[@class='point']", NS)}
     rings = {(c.get("cx"), c.get("cy")) for c in root.iterfind(".//s:circle[@class='flag-ring']", NS)}
     assert {k: c.get("data-flags") for k, c in points.items()} == {
@@ -117,3 +106,21 @@ def test_a_flagged_stage_is_ringed_and_named():
     assert rings == {(points["b1_h0.50", m].get("cx"), points["b1_h0.50", m].get("cy")) for m in ("p50_ms", "p99_ms")}
     assert points["b1_h0.50", "p50_ms"].find("s:title", NS).text.endswith("p50 ms 7.00 (flagged: thin, off-target)")
     assert "flagged stage" in "".join(root.find(".//s:g[@class='legend']", NS).itertext())
+
+
+def test_the_latency_file_adds_the_mean_dotted(report):
+    report = {"bins": [dict(b, mean_ms=b["p50_ms"], throughput_rps=None) for b in report["bins"]]}
+    root = ET.fromstring(charts.chart_files(report)[charts.LATENCY_SVG])
+    lines = {ln.get("data-metric"): ln for ln in root.iterfind(".//s:polyline", NS)}
+    assert set(lines) == {"p50_ms", "p99_ms", "mean_ms"}
+    assert lines["mean_ms"].get("stroke-dasharray") != lines["p99_ms"].get("stroke-dasharray")
+    assert "".join(root.find(".//s:g[@class='legend']", NS).itertext()) == "batch 1p50 msp99 msmean ms"
+
+
+def test_the_throughput_file_draws_req_per_s():
+    report = {"bins": [dict(_bin("b1_h0.00", 1, 0.0), throughput_rps=40.0),
+                       dict(_bin("b1_h1.00", 1, 1.0), throughput_rps=80.0)]}
+    root = ET.fromstring(charts.throughput_chart(report))
+    # y ticks 0 .. 80 by 20: 40 req/s at 272 - 40/80 * 236 = 154 px, 80 at 36 px
+    assert [(p["data-stage"], p["cx"], p["cy"]) for p in _points(ET.tostring(root, encoding="unicode"))] == [
+        ("b1_h0.00", "72.0", "154.0"), ("b1_h1.00", "432.0", "36.0")]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from hstu_replay.report.kit import cell, escape, fmt, page, table
+from hstu_replay.output.page import escape, page, table
+from hstu_replay.output.text import cell, fmt
 
 HTML_NAME = "capacity_natural.html"
 

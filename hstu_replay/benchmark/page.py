@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 
 from hstu_replay.benchmark.tables import backend_rows, hardware_line, scaling_rows
-from hstu_replay.report.kit import NO_VALUE, escape, grid, page
+from hstu_replay.output.page import CSS, escape, grid, page
+from hstu_replay.output.text import NO_VALUE
 
-#: a compact page of wide tables: figures right-aligned, the first column text
-STYLE = ("body{font:14px/1.4 system-ui,sans-serif;margin:2em auto;max-width:80em;color:#222}"
-         "table{border-collapse:collapse;margin:.5em 0}th,td{border:1px solid #ccc;padding:.2em .6em;"
-         "text-align:right}th{background:#f2f2f2}td:first-child{text-align:left}.flag{color:#8a1414}")
+#: the report pages' style; in these tables the first column is text, a flag reads red
+STYLE = CSS + "td:first-child { text-align: left; } .flag { color: #8a1414; }\n"
 
 
 def _passes(report: dict) -> list[list[str]]:

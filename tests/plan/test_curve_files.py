@@ -1,4 +1,4 @@
-"""`hstu-replay plan cache-curve`: files written, figures consistent with the ledger, bad input one line."""
+"""`hstu-replay plan cache-curve`: files written, figures consistent with the ledger (the chart too), bad input one line."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import csv
 import json
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 
 import numpy as np
 
@@ -13,6 +14,8 @@ from hstu_replay.cache_ledger import CacheLedger
 from hstu_replay.data.store import SequenceStore
 from hstu_replay.interface import Limits
 from hstu_replay.plan.timeline import build_trace
+
+SVG = "{http://www.w3.org/2000/svg}"
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -25,7 +28,10 @@ def test_the_curve_of_a_store_matches_its_replay_through_the_ledger(long_store, 
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "curve" / "curve.json").read_text())
     rows = list(csv.DictReader((tmp_path / "curve" / "curve.csv").open()))
-    assert (tmp_path / "curve" / "curve.png").stat().st_size > 1000
+    chart = ET.parse(tmp_path / "curve" / "curve.svg").getroot()  # well-formed XML, or this raises
+    marked = [(int(c.get("data-budget")), float(c.get("data-ratio"))) for c in chart.iter(f"{SVG}circle")]
+    assert marked == [(b["budget_tokens"], b["hit_ratio"]) for b in summary["budgets"]]
+    assert chart.find(f".//{SVG}polyline[@data-metric='hit_ratio']") is not None
     assert [b["budget_tokens"] for b in summary["budgets"]] == [2000, 5000, 20000]
     # The same trace replayed request by request through the target's own ledger.
     trace = build_trace(SequenceStore.open(long_store), 16, Limits(max_history=256), 1)

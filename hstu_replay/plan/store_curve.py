@@ -1,0 +1,59 @@
+"""The hit-ratio-vs-budget curve of a store's natural replay: the store opened, its trace built,
+the one-pass curve (`cache_curve`) and, with an offload mode, the two-tier one (`tier_curve`).
+
+`plan cache-curve` writes it out (`plan.curve_files`); `capacity natural` and the benches read it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from hstu_replay.data.store import SequenceStore
+from hstu_replay.errors import ConfigError, HstuReplayError
+from hstu_replay.interface import Limits
+from hstu_replay.plan.cache_curve import CacheCurve, cache_curve
+from hstu_replay.plan.over_limit import HistoryPolicy
+from hstu_replay.plan.tier_curve import TierCurve, tier_curve
+from hstu_replay.plan.timeline import build_trace, group_requests
+
+
+@dataclass(frozen=True)
+class CurveOptions:
+    store: str
+    candidates: int = 16
+    limits: Limits = Limits()
+    batch_size: int = 1
+    slice_ms: int = 0
+    page_tokens: int = 32
+    policy: HistoryPolicy = HistoryPolicy()
+
+
+def store_curve(options: CurveOptions) -> tuple[CacheCurve, dict]:
+    """The curve of a store's natural replay; and what was computed (trace size, seconds)."""
+    curve, _, info = store_curves(options)
+    return curve, info
+
+
+def store_curves(options: CurveOptions, offload_mode: str | None = None) -> tuple[CacheCurve, TierCurve | None, dict]:
+    """The one-tier curve of a store's natural replay and, with an offload mode, its two-tier curve."""
+    try:
+        store = SequenceStore.open(options.store)
+    except HstuReplayError as exc:
+        raise ConfigError(f"--store {options.store}: {str(exc).removeprefix(f'{options.store}: ')}") from None
+    if options.limits.history_cap(options.batch_size, options.candidates) < 1:
+        raise ConfigError(f"--max-values {options.limits.max_values}: no room for any history at batch "
+                          f"{options.batch_size} with --candidates {options.candidates}")
+    began = time.perf_counter()
+    trace = build_trace(store, options.candidates, options.limits, options.batch_size, options.policy)
+    if not len(trace):
+        raise ConfigError(f"--store {options.store}: no user comes back after a gap of 60 s; nothing to replay")
+    bounds = group_requests(trace, options.slice_ms, options.batch_size)
+    curve = cache_curve(trace.cache_keys, trace.tokens, bounds, options.page_tokens)
+    tiers = (tier_curve(trace.cache_keys, trace.tokens, bounds, options.page_tokens, offload_mode)
+             if offload_mode else None)
+    seconds = time.perf_counter() - began
+    info = {"store": str(options.store), "users": int(len(set(trace.users.tolist()))), "visits": len(trace),
+            "history_cap": trace.history_cap, "span_ms": int(trace.times_ms[-1] - trace.times_ms[0]),
+            "seconds": round(seconds, 3), "visit_kinds": trace.accounts().to_dict(options.policy)}
+    return curve, tiers, info
