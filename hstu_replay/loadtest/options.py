@@ -81,8 +81,7 @@ class LoadOption:
     def add_to(self, group):
         """Register on Locust's parser (or one of its argument groups) and return the action. Path
         options start hidden: `webform.show_paths` shows them where the form may change them."""
-        kind = type(self.default)
-        return self.option.but(type=kind).add_to(
+        return self.option.add_to(
             group, default=self.arg_default, help=f"{self.group.split(' (')[0]}: {self.help}", env_var=self.env_var,
             include_in_web_ui=self.form is WebForm.FIELD, is_secret=self.secret, is_required=False,
             is_multiple=False, name_default=False)

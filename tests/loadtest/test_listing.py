@@ -168,3 +168,25 @@ def test_each_listed_environment_variable_sets_its_option(locust_parsers):
     read = locust_parsers["environment"]
     assert len(read) == len(listed_options())
     assert {flag: got for flag, (got, expected) in read.items() if got != expected} == {}
+
+
+# -- where a user of the locustfile looks ---------------------------------------------------------------------
+
+@pytest.mark.integration
+def test_a_start_names_the_listing_and_locusts_help_cannot(tmp_path):
+    import subprocess
+
+    from tests.conftest import ROOT, locust_command
+
+    # refused at once (two different targets), yet the line naming the listing comes first
+    started = subprocess.run(locust_command("--headless", "--host", "grpc://127.0.0.1:1", "--triton-url", "127.0.0.1:2",
+                                            "--report-dir", str(tmp_path / "report")),
+                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert started.returncode == 2, started.stderr[-2000:]
+    lines = started.stderr.splitlines()
+    hint = next(i for i, line in enumerate(lines) if line.endswith(": hstu-replay options"))
+    assert hint < next(i for i, line in enumerate(lines) if "hstu-replay: error:" in line)
+    # Locust answers --help before it imports the locustfile: none of our options, nothing of ours
+    helped = subprocess.run(locust_command("--help"), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert helped.returncode == 0 and "--headless" in helped.stdout
+    assert "--hit-ratios" not in helped.stdout and "hstu" not in helped.stdout + helped.stderr
