@@ -39,12 +39,14 @@ def add_commands(groups) -> None:
            type=bool).add_to(prepare)
     prepare.set_defaults(func=_prepare)
 
-    inspect = actions.add_parser("inspect", help="summarize a store", epilog="example: hstu-replay data inspect runs/store --json")
+    inspect = actions.add_parser("inspect", help="summarize a store",
+                                 epilog="example: hstu-replay data inspect runs/store --json")
     STORED.add_to(inspect)
     Option("--json", "one JSON object with per-user digests", type=bool).add_to(inspect)
     inspect.set_defaults(func=_inspect)
 
-    verify = actions.add_parser("verify", help="recompute a store's checksum", epilog="example: hstu-replay data verify runs/store")
+    verify = actions.add_parser("verify", help="recompute a store's checksum",
+                                epilog="example: hstu-replay data verify runs/store")
     STORED.add_to(verify)
     verify.set_defaults(func=_verify)
 

@@ -55,8 +55,9 @@ def as_text(rows: list[ListedOption]) -> str:
     env_width = max(len(r.env_var) for r in rows)
     form_width = max(len(r.form) for r in rows)
     lines = ["hstu-replay load-test options (locust -f locustfiles/hstu.py ...; also in locust.conf without the "
-             "leading --, or as the environment variable); then how the web form treats it: a field ('form'; paths: 'form "
-             "in root', with --web-paths-root), the 'Host field' (with --web-edit-target), not shown, or 'secret'"]
+             "leading --, or as the environment variable); then how the web form treats it: a field ('form'; paths: "
+             "'form in root', with --web-paths-root), the 'Host field' (with --web-edit-target), not shown, or "
+             "'secret'"]
     group = None
     for r in rows:
         if r.group != group:
@@ -84,7 +85,8 @@ FORMATS = {"text": as_text, "markdown": as_markdown, "json": as_json}
 
 def add_commands(groups) -> None:
     parser = groups.add_parser("options", help="list every load-test option, its default and environment variable",
-                               description=" ".join(__doc__.split("\n\n")[0].split()), epilog="example: hstu-replay options --group web")
+                               description=" ".join(__doc__.split("\n\n")[0].split()),
+                               epilog="example: hstu-replay options --group web")
     parser.add_argument("--format", choices=tuple(FORMATS), default="text", help="text (default), markdown or json")
     parser.add_argument("--group", default="", help="only the groups whose name contains this (case-insensitive)")
     parser.set_defaults(func=_list)

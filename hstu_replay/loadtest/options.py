@@ -219,8 +219,8 @@ class LocustOwn:
 LOOPBACK = "127.0.0.1"
 _BIND = "this machine only by default; '*' or 0.0.0.0 for every interface"
 LOCUST_OWN = (
-    LocustOwn("--host", "host", TARGET, "The Triton address: grpc://host:8001, http://host:8000, https:// (HTTP + TLS), "
-              "grpcs:// (gRPC + TLS); the web form's Host field", unset=address_url(
+    LocustOwn("--host", "host", TARGET, "The Triton address: grpc://host:8001, http://host:8000, https:// (HTTP + "
+              "TLS), grpcs:// (gRPC + TLS); the web form's Host field", unset=address_url(
                   DEFAULT_ADDRESS, BY_DEST["triton_protocol"].default, BY_DEST["triton_ssl"].default),
               metavar="<triton url>", form=WebForm.HOST),
     LocustOwn("--web-host", "web_host", WEB_ACCESS, f"Interface the web UI binds to: {_BIND} (then use --web-login)",
