@@ -70,13 +70,16 @@ class Option:
         return replace(self, **changes)
 
     def add_to(self, parser: Any, *, default: Any = _GIVEN, help: str | None = None, text: bool = False,
-               **extra: Any):
+               name_default: bool = True, **extra: Any):
         """Add to `parser` and return the action; `default`/`help` replace the option's own for one
         command, `extra` goes to `add_argument` (required, env_var, ...; Locust's include_in_web_ui
-        and is_secret too)."""
+        and is_secret too: the Locust arguments of `loadtest.options` come this way). With
+        `name_default` the help names the default (argparse expands it; Locust's web form shows the
+        help as written, so its arguments leave it out)."""
         default = self.default if default is _GIVEN else default
         locust = {k: extra.pop(k) for k in LOCUST_KEYWORDS if k in extra}
-        kwargs: dict[str, Any] = {"help": _with_default(self.help if help is None else help, default)}
+        help = self.help if help is None else help
+        kwargs: dict[str, Any] = {"help": _with_default(help, default) if name_default else help}
         if self.type is bool:
             kwargs["action"] = "store_true"
         else:

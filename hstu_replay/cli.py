@@ -1,7 +1,8 @@
 """`hstu-replay` command line: one sub-command group per pipeline stage.
 
-Each group lives in its stage's package as `add_commands(subparsers)`; handlers import heavy
-dependencies (torch) lazily so that the load-generator side never needs them. This is the one
+Each group lives in its stage's package as `add_commands(subparsers)`, every command's --help
+ending with one line "example: hstu-replay ..." (tests/test_cli.py parses each); handlers import
+heavy dependencies (torch) lazily so that the load-generator side never needs them. This is the one
 place that turns an `HstuReplayError` into a one-line message and an exit code.
 """
 
@@ -29,7 +30,8 @@ COMMAND_GROUPS: dict[str, str] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hstu-replay", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="hstu-replay", description=__doc__.splitlines()[0],
+                                     epilog="example: hstu-replay options --group target")
     parser.add_argument("--version", action="version", version=f"hstu-replay {__version__}")
     groups = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
     for name, module in COMMAND_GROUPS.items():

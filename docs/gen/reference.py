@@ -32,8 +32,9 @@ def options_page() -> str:
              "Every option is a Locust argument: on the command line of `locust -f locustfiles/hstu.py`, in",
              "`locust.conf` (without the leading `--`), as the environment variable shown, and (but for paths,",
              "the target address and secrets: see [the web UI](../guides/web-ui.md)) in the web form.",
-             "`hstu-replay options` prints the same table in the terminal; `locust -f locustfiles/hstu.py",
-             "--help` cannot, as Locust answers `--help` before it loads a locustfile.",
+             "`hstu-replay options` prints the same table in the terminal, with how the web form treats each",
+             "(`--format json` for tools); `locust -f locustfiles/hstu.py --help` cannot, as Locust answers",
+             "`--help` before it loads a locustfile (the locustfile names the listing in its first log line).",
              "Locust's own options (`-u`, `-r`, `--headless`, `--master`, `--worker`, ...) are Locust's.", ""]
     for group in GROUPS:
         in_group = [r for r in rows if r.group == group]

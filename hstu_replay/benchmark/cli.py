@@ -31,10 +31,14 @@ JSON_NAME, HTML_NAME = "protocol.json", "protocol.html"
 
 
 def add_commands(groups) -> None:
-    bench = groups.add_parser("bench", help="benchmarks with published protocols")
+    bench = groups.add_parser("bench", help="benchmarks with published protocols",
+                              epilog="example: hstu-replay bench protocol --triton-url 127.0.0.1:8001 "
+                                     "--dump-dir runs/dumps")
     actions = bench.add_subparsers(dest="bench_command", required=True, metavar="ACTION")
     p = actions.add_parser("protocol", help="NVIDIA's benchmark protocol: backend comparison and batch-size scaling",
-                           description=__doc__.splitlines()[0])
+                           description=__doc__.splitlines()[0],
+                           epilog="example: hstu-replay bench protocol --triton-url 127.0.0.1:8001 "
+                                  "--dump-dir runs/dumps --out runs/protocol")
     TRITON_URL.add_to(p, text=True)
     TRITON_PROTOCOL.add_to(p, text=True)
     DUMP_DIR.add_to(p, help="NVIDIA-format dump directory (answers checked against its logits)")

@@ -40,10 +40,14 @@ CONTROLLED = frozenset({
 
 
 def add_commands(groups) -> None:
-    capacity = groups.add_parser("capacity", help="capacity planning: load steps until an SLO breaks")
+    capacity = groups.add_parser("capacity", help="capacity planning: load steps until an SLO breaks",
+                                 epilog="example: hstu-replay capacity run --workload dumps --dump-dir runs/dumps "
+                                        "--users-steps 1,2,4 --slo-p99-ms 250")
     actions = capacity.add_subparsers(dest="capacity_command", required=True, metavar="ACTION")
     run = actions.add_parser("run", help="step the load per hit ratio until the SLO breaks; size the fleet",
-                             description=__doc__.splitlines()[0])
+                             description=__doc__.splitlines()[0],
+                             epilog="example: hstu-replay capacity run --workload dumps --dump-dir runs/dumps "
+                                    "--max-history 256 --users-steps 1,2,4,8 --slo-p99-ms 250 --out runs/capacity")
     HIT_RATIOS.add_to(run, help="target KV-cache hit ratios, searched one by one", text=True)
     Option("--users-steps", "closed loop: concurrent users per step, ascending", metavar="N,N,...").add_to(run)
     Option("--rate-steps", "open loop (Poisson): offered requests/s per step, ascending",
@@ -86,7 +90,9 @@ def add_commands(groups) -> None:
     run.set_defaults(func=_run)
 
     natural = actions.add_parser("natural", help="the smallest KV cache (and servers) meeting an SLO under "
-                                                 "natural replay: budgets picked from the curve, each measured")
+                                                 "natural replay: budgets picked from the curve, each measured",
+                                 epilog="example: hstu-replay capacity natural --store runs/store --repository "
+                                        "runs/model_repository --slo-p99-ms 50 --request-rate 30 --max-servers 2")
     STORE.add_to(natural, help="prepared KuaiRand store to replay naturally; required", metavar=None)
     REPOSITORY.add_to(natural, default=None,
                       help="model repository of the built-in target, started once per budget; required")

@@ -17,10 +17,12 @@ STORED = Option("store", "prepared store", metavar="STORE")
 
 
 def add_commands(groups) -> None:
-    data = groups.add_parser("data", help="KuaiRand-1K raw logs -> compact sequence store")
+    data = groups.add_parser("data", help="KuaiRand-1K raw logs -> compact sequence store",
+                             epilog="example: hstu-replay data prepare runs/raw --out runs/store")
     actions = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
 
-    synth = actions.add_parser("synth", help="write synthetic raw files of the KuaiRand-1K schema")
+    synth = actions.add_parser("synth", help="write synthetic raw files of the KuaiRand-1K schema",
+                               epilog="example: hstu-replay data synth --out runs/raw --users 200 --seed 1")
     Option("--out", "folder for the 4 CSVs", metavar="RAW_DIR").add_to(synth, required=True)
     Option("--users", "number of users", type=int).add_to(synth)
     Option("--seed", "random seed", 0, int).add_to(synth)
@@ -29,19 +31,22 @@ def add_commands(groups) -> None:
            ).add_to(synth)
     synth.set_defaults(func=_synth)
 
-    prepare = actions.add_parser("prepare", help="build the sequence store from raw files")
+    prepare = actions.add_parser("prepare", help="build the sequence store from raw files",
+                                 epilog="example: hstu-replay data prepare runs/raw --out runs/store")
     Option("raw_dir", "folder holding the KuaiRand-1K CSVs", metavar="RAW_DIR").add_to(prepare)
     Option("--out", "store directory", metavar="STORE").add_to(prepare, required=True)
     Option("--include-random", "also append the random-exposure log's events (NVIDIA's pipeline does not)",
            type=bool).add_to(prepare)
     prepare.set_defaults(func=_prepare)
 
-    inspect = actions.add_parser("inspect", help="summarize a store")
+    inspect = actions.add_parser("inspect", help="summarize a store",
+                                 epilog="example: hstu-replay data inspect runs/store --json")
     STORED.add_to(inspect)
     Option("--json", "one JSON object with per-user digests", type=bool).add_to(inspect)
     inspect.set_defaults(func=_inspect)
 
-    verify = actions.add_parser("verify", help="recompute a store's checksum")
+    verify = actions.add_parser("verify", help="recompute a store's checksum",
+                                epilog="example: hstu-replay data verify runs/store")
     STORED.add_to(verify)
     verify.set_defaults(func=_verify)
 

@@ -14,9 +14,11 @@ from hstu_replay.dumps.reader import LOGITS, DumpBatch, read_dump, read_dump_fea
 
 
 def add_commands(groups: Any) -> None:
-    dump = groups.add_parser("dump", help="read NVIDIA reference dump directories")
+    dump = groups.add_parser("dump", help="read NVIDIA reference dump directories",
+                             epilog="example: hstu-replay dump inspect runs/dumps")
     commands = dump.add_subparsers(dest="dump_command", required=True, metavar="COMMAND")
-    inspect = commands.add_parser("inspect", help="summarise each batch of a dump directory")
+    inspect = commands.add_parser("inspect", help="summarise each batch of a dump directory",
+                                   epilog="example: hstu-replay dump inspect runs/dumps --json")
     Option("directory", "directory of batch_NNNNNN_*.pt files", metavar="DIR").add_to(inspect)
     Option("--json", "print one JSON object with dtype, shape, min, max, sum per tensor", type=bool).add_to(inspect)
     inspect.set_defaults(func=inspect_command)

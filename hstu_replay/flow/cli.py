@@ -14,12 +14,14 @@ from hstu_replay.process import Ports
 
 
 def add_commands(groups: Any) -> None:
-    flow = groups.add_parser("flow", help="NVIDIA's workflows in one command: the L0 CI flow")
+    flow = groups.add_parser("flow", help="NVIDIA's workflows in one command: the L0 CI flow",
+                             epilog="example: hstu-replay flow l0 --out runs/l0")
     commands = flow.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     l0 = commands.add_parser(
         "l0", help="export -> C++ reference dump -> torch_aoti repository -> serve -> client replay checked "
-                   "against the C++ reference -> teardown (exit 0 pass, 1 mismatch or server failure, 2 bad input)")
+                   "against the C++ reference -> teardown (exit 0 pass, 1 mismatch or server failure, 2 bad input)",
+        epilog="example: hstu-replay flow l0 --out runs/l0 --config small --store runs/store")
     Option("--out", "folder for every artifact; emptied of the flow's own entries first").add_to(l0, required=True)
     MODEL_CONFIG.add_to(l0)
     STORE.add_to(l0, help="prepared KuaiRand store (default: 16 synthetic users under --out)", metavar=None)

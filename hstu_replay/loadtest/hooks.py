@@ -26,8 +26,6 @@ from hstu_replay.loadtest.runtime import LoadTestRuntime
 @events.init_command_line_parser.add_listener
 def _arguments(parser, **_):
     register_arguments(parser)
-    webaccess.register_arguments(parser)
-    webform.register_arguments(parser)
     webform.show_paths(parser, webform.installed)
 
 

@@ -1,23 +1,21 @@
-"""`hstu-replay options`: every load-test option, its default and its environment variable, by group.
+"""`hstu-replay options`: every option registered on Locust's parser, its default, its environment
+variable and how the web form treats it, by group.
 
 Locust reads `--help` before it loads a locustfile, so `locust -f locustfiles/hstu.py --help`
-shows Locust's own options only; this listing is where the load test's options are found from
-the command line. It reads the one option table (`loadtest.options.OPTIONS`), in the groups the
-web form and a loaded locustfile's parser use, and writes it as text or as the README's markdown
-table rows. Locust-free, so it answers at once.
+shows Locust's own options only; this listing is where hstu-replay's options are found from the
+command line. It reads the one option table (`loadtest.options`: `REGISTERED`, and the Locust
+options read differently here, `LOCUST_OWN`), in the groups a loaded locustfile's parser uses,
+and writes it as text, as the README's markdown table rows or as JSON. Locust-free, so it answers
+at once.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 
-from hstu_replay.loadtest.address import DEFAULT_ADDRESS
-from hstu_replay.loadtest.options import BY_DEST, GROUPS, OPTIONS, TARGET
-
-#: Locust's own --host, which the load test reads as the Triton address (listed in its group).
-HOST_HELP = ("The Triton address: grpc://host:8001, http://host:8000, https:// (HTTP + TLS), grpcs:// (gRPC + TLS); "
-             "the web form's Host field")
+from hstu_replay.loadtest.options import GROUPS, LOCUST_OWN, REGISTERED
 
 
 @dataclass(frozen=True)
@@ -27,6 +25,7 @@ class ListedOption:
     env_var: str
     default: str  # as the README's table shows it: '' for none, 'off' for a switch
     help: str
+    form: str = ""  # how the web form treats it (loadtest.options.WebForm's word): '' not in the form
 
 
 def shown_default(value) -> str:
@@ -41,29 +40,31 @@ def shown_default(value) -> str:
 
 
 def listed_options() -> list[ListedOption]:
-    """Every option, group by group in the web form's order; Locust's --host first in its group."""
+    """Every option, group by group in registration order; Locust's own first in their group."""
     rows = []
     for group in GROUPS:
-        if group == TARGET:
-            host = f"{BY_DEST['triton_protocol'].default}://{DEFAULT_ADDRESS}"  # what an unset --host means
-            rows.append(ListedOption(group, "--host", "LOCUST_HOST", host, HOST_HELP))
-        rows += [ListedOption(group, o.flag, o.env_var, shown_default(o.arg_default), o.help)
-                 for o in OPTIONS if o.group == group]
+        rows += [ListedOption(group, o.flag, o.env_var, o.unset or shown_default(o.default), o.help, o.form.value)
+                 for o in LOCUST_OWN if o.group == group]
+        rows += [ListedOption(group, o.flag, o.env_var, shown_default(o.arg_default), o.help, o.form.value)
+                 for o in REGISTERED if o.group == group]
     return rows
 
 
 def as_text(rows: list[ListedOption]) -> str:
     width = max(len(r.flag) for r in rows)
     env_width = max(len(r.env_var) for r in rows)
+    form_width = max(len(r.form) for r in rows)
     lines = ["hstu-replay load-test options (locust -f locustfiles/hstu.py ...; also in locust.conf without the "
-             "leading --, or as the environment variable)"]
+             "leading --, or as the environment variable); then how the web form treats it: a field ('form'; paths: "
+             "'form in root', with --web-paths-root), the 'Host field' (with --web-edit-target), not shown, or "
+             "'secret'"]
     group = None
     for r in rows:
         if r.group != group:
             group = r.group
             lines += ["", f"{group}:"]
         default = f" (default: {r.default})" if r.default else ""
-        lines.append(f"  {r.flag:<{width}}  {r.env_var:<{env_width}}  {r.help}{default}")
+        lines.append(f"  {r.flag:<{width}}  {r.env_var:<{env_width}}  {r.form:<{form_width}}  {r.help}{default}")
     return "\n".join(lines)
 
 
@@ -74,13 +75,19 @@ def as_markdown(rows: list[ListedOption]) -> str:
     return "\n".join(lines)
 
 
-FORMATS = {"text": as_text, "markdown": as_markdown}
+def as_json(rows: list[ListedOption]) -> str:
+    """One object per option, the fields of `ListedOption` (for tools that read the listing)."""
+    return json.dumps([asdict(r) for r in rows], indent=1)
+
+
+FORMATS = {"text": as_text, "markdown": as_markdown, "json": as_json}
 
 
 def add_commands(groups) -> None:
     parser = groups.add_parser("options", help="list every load-test option, its default and environment variable",
-                               description=__doc__.splitlines()[0])
-    parser.add_argument("--format", choices=tuple(FORMATS), default="text", help="text (default) or markdown")
+                               description=" ".join(__doc__.split("\n\n")[0].split()),
+                               epilog="example: hstu-replay options --group web")
+    parser.add_argument("--format", choices=tuple(FORMATS), default="text", help="text (default), markdown or json")
     parser.add_argument("--group", default="", help="only the groups whose name contains this (case-insensitive)")
     parser.set_defaults(func=_list)
 

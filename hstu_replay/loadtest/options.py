@@ -1,31 +1,53 @@
-"""Every load-test option, declared once in `OPTIONS`: its flag, default, help, group and secrecy.
+"""Every option hstu-replay registers on Locust's parser, declared once: its flag, default, help,
+group and how the web form treats it; and the one path from such a declaration to a Locust
+argument (`LoadOption.add_to`, `register_arguments`).
 
-Locust shows them in the web UI and reads them from the command line, `locust.conf` and
-`LOCUST_<NAME>` environment variables. `option_values` reads them once, typed, into a flat dict
-(what report.json shows under "options"); `loadtest.config` turns that into the run's typed,
-validated config sections.
+Locust reads them from the command line, `locust.conf` and `LOCUST_<FLAG>` environment variables
+(one naming rule: `LoadOption.env_var`) and shows the form's fields in the web UI.
+`option_values` reads the load test's (`OPTIONS`) once, typed, into a flat dict (what report.json
+shows under "options"); `loadtest.config` turns that into the run's typed, validated config
+sections. The web UI's own (`WEB_OPTIONS`) are read by `loadtest.webform` and `loadtest.webaccess`;
+Locust's options read differently here (`LOCUST_OWN`: --host is the Triton address, loopback
+bind hosts) are changed in the same registration. `hstu-replay options` lists them all.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from hstu_replay import arguments as A
 from hstu_replay.arguments import Option
 from hstu_replay.errors import ConfigError
-from hstu_replay.loadtest.address import DEFAULT_ADDRESS
+from hstu_replay.loadtest.address import DEFAULT_ADDRESS, address_url
 
 DEFAULT_GROUP = "Sweep and load"
 
 
+def env_var(flag: str) -> str:
+    """The environment variable Locust reads an option from, the one naming rule: LOCUST_ and the
+    flag in capitals, dashes as underscores (Locust's own options follow it too)."""
+    return "LOCUST_" + flag.lstrip("-").upper().replace("-", "_")
+
+
+class WebForm(Enum):
+    """How Locust's web form treats an option (its value is the listing's word for it)."""
+
+    FIELD = "form"  # a field of the form
+    HOST = "Host field"  # part of the target address: the form's Host field sets it (with --web-edit-target)
+    PATH = "form in root"  # a path: a field only with --web-paths-root, below it (loadtest.webform)
+    HIDDEN = ""  # the command line, locust.conf and the environment only
+    SECRET = "secret"  # never shown, logged, sent to workers nor taken from a form
+
+
 @dataclass(frozen=True)
 class LoadOption:
-    """An option of the catalog (`hstu_replay.arguments`: flag, meaning, default, type) placed in the
-    load test: its web-form group, its wording here, whether it is secret."""
+    """An option of the catalog (`hstu_replay.arguments`: flag, meaning, default, type) as a Locust
+    argument: its group, how the web form treats it, its environment variable."""
 
     option: Option
     group: str = DEFAULT_GROUP
-    secret: bool = False  # never shown, logged, sent to workers nor taken from a form
+    form: WebForm = WebForm.FIELD
     unset: object = None  # the command line's default where it differs from `default` (unset)
 
     @property
@@ -45,12 +67,24 @@ class LoadOption:
         return self.option.help
 
     @property
+    def secret(self) -> bool:
+        return self.form is WebForm.SECRET
+
+    @property
     def arg_default(self):
         return self.default if self.unset is None else self.unset
 
     @property
     def env_var(self) -> str:
-        return "LOCUST_" + self.flag[2:].upper().replace("-", "_")
+        return env_var(self.flag)
+
+    def add_to(self, group):
+        """Register on Locust's parser (or one of its argument groups) and return the action. Path
+        options start hidden: `webform.show_paths` shows them where the form may change them."""
+        return self.option.add_to(
+            group, default=self.arg_default, help=f"{self.group.split(' (')[0]}: {self.help}", env_var=self.env_var,
+            include_in_web_ui=self.form is WebForm.FIELD, is_secret=self.secret, is_required=False,
+            is_multiple=False, name_default=False)
 
 
 def _own(flag: str, default: object, help: str) -> Option:
@@ -60,27 +94,30 @@ def _own(flag: str, default: object, help: str) -> Option:
 
 DATA, NATURAL, CACHE, CHECKS = ("Data", "Natural replay (--workload timeline)", "Server cache", "Checks and report")
 TARGET = "Target (the address is the Host field)"
+WEB_FORM, WEB_ACCESS = "Web form", "Web UI access"
 
-#: Option groups, in the order the web form lists them (each help text starts with its group).
-GROUPS = (DATA, NATURAL, DEFAULT_GROUP, CACHE, CHECKS, TARGET)
+#: Option groups, in the order they are registered and listed (each help text starts with its group).
+GROUPS = (DATA, NATURAL, DEFAULT_GROUP, CACHE, CHECKS, TARGET, WEB_FORM, WEB_ACCESS)
 
 #: Every option, in the order report.json's "options" lists them.
 OPTIONS: tuple[LoadOption, ...] = (
     LoadOption(A.TRITON_URL.but(default=DEFAULT_ADDRESS, help="Alias of --host: the Triton address, grpc://host:8001, "
-               "http://host:8000, https:// or grpcs:// for TLS, or host:port"), TARGET, unset=""),
-    LoadOption(A.TRITON_PROTOCOL.but(help="grpc or http, for an address without a scheme"), TARGET),
+               "http://host:8000, https:// or grpcs:// for TLS, or host:port"), TARGET, WebForm.HOST, unset=""),
+    LoadOption(A.TRITON_PROTOCOL.but(help="grpc or http, for an address without a scheme"), TARGET, WebForm.HOST),
     LoadOption(A.TRITON_MODEL.but(help="Model name; its interface is detected"), TARGET),
     LoadOption(_own("--triton-grpc-transport", "h2", "gRPC inference requests through h2 (HTTP/2 on the event loop's "
                     "own sockets, lighter) or grpcio"), TARGET),
-    LoadOption(_own("--triton-ssl", False, "Use TLS, for an address without a scheme"), TARGET),
-    LoadOption(_own("--triton-root-cert", "", "PEM file of the CA(s) that signed the server's certificate"), TARGET),
+    LoadOption(_own("--triton-ssl", False, "Use TLS, for an address without a scheme"), TARGET, WebForm.HOST),
+    LoadOption(_own("--triton-root-cert", "", "PEM file of the CA(s) that signed the server's certificate"), TARGET,
+               WebForm.PATH),
     LoadOption(_own("--triton-headers", "", "Extra request headers, 'name=value,name=value' (secret: never shown, "
-                    "logged or sent to workers; give each process its own)"), TARGET, secret=True),
+                    "logged or sent to workers; give each process its own)"), TARGET, WebForm.SECRET),
     LoadOption(_own("--triton-timeout", 30.0, "Seconds before a request counts as timed out"), TARGET),
     LoadOption(A.WORKLOAD.but(help="sessions (replay a prepared store), dumps (NVIDIA dump dir) or timeline (natural "
                               "replay of a store in the log's time order)"), DATA),
-    LoadOption(A.STORE.but(default="", help="Prepared KuaiRand store (hstu-replay data prepare)"), DATA),
-    LoadOption(A.DUMP_DIR.but(default="", help="NVIDIA-format dump directory (hstu-replay server dump)"), DATA),
+    LoadOption(A.STORE.but(default="", help="Prepared KuaiRand store (hstu-replay data prepare)"), DATA, WebForm.PATH),
+    LoadOption(A.DUMP_DIR.but(default="", help="NVIDIA-format dump directory (hstu-replay server dump)"), DATA,
+               WebForm.PATH),
     LoadOption(A.HIT_RATIOS.but(help="Target KV-cache hit ratios, one stage each")),
     LoadOption(A.BATCH_SIZES.but(help="Users per request (1..8), one sweep each")),
     LoadOption(_own("--arrival", "closed", "closed (back to back), constant or poisson (open loop)")),
@@ -111,7 +148,7 @@ OPTIONS: tuple[LoadOption, ...] = (
                     "length, with --hit-ratios 1 (0: off; see \"Working-set sweep\")"), CACHE),
     LoadOption(_own("--verify-fraction", 1.0, "Fraction of responses checked against references"), CHECKS),
     LoadOption(A.TOLERANCE.but(help="Max absolute logit difference accepted"), CHECKS),
-    LoadOption(_own("--report-dir", "runs/latest", "Where records and reports are written"), CHECKS),
+    LoadOption(_own("--report-dir", "runs/latest", "Where records and reports are written"), CHECKS, WebForm.PATH),
     LoadOption(_own("--max-mismatches", -1, "Fail the run above this many mismatches (-1: off)"), CHECKS),
     LoadOption(_own("--max-error-ratio", -1.0, "Fail the run above this failure ratio (-1: off)"), CHECKS),
     LoadOption(_own("--max-p99-ms", "", "Fail if p99 exceeds: '250' or 'ratio:ms,...'"), CHECKS),
@@ -129,9 +166,81 @@ BY_DEST = {o.dest: o for o in OPTIONS}
 
 # What the web form may change. Paths only below --web-paths-root, the target address only with
 # --web-edit-target, secrets never (they are not sent to the page nor taken from a form).
-PATH_OPTIONS = ("triton_root_cert", "store", "dump_dir", "report_dir")
-ADDRESS_OPTIONS = ("triton_url", "triton_protocol", "triton_ssl")
+PATH_OPTIONS = tuple(o.dest for o in OPTIONS if o.form is WebForm.PATH)
+ADDRESS_OPTIONS = tuple(o.dest for o in OPTIONS if o.form is WebForm.HOST)
+#: the load test's secrets (the web password is the login's: loadtest.webaccess)
 SECRETS = tuple(o.dest for o in OPTIONS if o.secret)
+
+#: The web UI's own options (loadtest.webform, loadtest.webaccess): never in report.json's options.
+WEB_PATHS_ROOT = LoadOption(Option(
+    "--web-paths-root", f"Let the web form change path options ({', '.join(BY_DEST[d].flag for d in PATH_OPTIONS)}), "
+    "only to paths below this directory", "", dest="hstu_web_paths_root"), WEB_FORM, WebForm.HIDDEN)
+WEB_EDIT_TARGET = LoadOption(Option(
+    "--web-edit-target", "Let the web form's Host field change the Triton address (off: the address of the command "
+    "line)", False, bool, dest="hstu_web_edit_target"), WEB_FORM, WebForm.HIDDEN)
+WEB_USER = LoadOption(Option("--web-user", "User name the web UI's login asks for (with --web-login)", "locust",
+                             dest="hstu_web_user"), WEB_ACCESS, WebForm.HIDDEN)
+WEB_PASSWORD = LoadOption(Option(
+    "--web-password", f"Password the web UI's login asks for (with --web-login; secret, best given as "
+    f"{env_var('--web-password')})", "", dest="hstu_web_password"), WEB_ACCESS, WebForm.SECRET)
+WEB_OPTIONS = (WEB_PATHS_ROOT, WEB_EDIT_TARGET, WEB_USER, WEB_PASSWORD)
+
+#: Every option registered on Locust's parser (`hstu-replay options` lists them, and `LOCUST_OWN`).
+REGISTERED: tuple[LoadOption, ...] = OPTIONS + WEB_OPTIONS
+
+
+@dataclass(frozen=True)
+class LocustOwn:
+    """One of Locust's own options, read differently here: its help, and its default where this
+    changes it; listed in one of our groups."""
+
+    flag: str
+    dest: str
+    group: str
+    help: str
+    default: object = None  # None: Locust's own
+    unset: str = ""  # what leaving it unset means, where no default says it
+    metavar: str | None = None
+    form: WebForm = WebForm.HIDDEN
+
+    @property
+    def env_var(self) -> str:
+        return env_var(self.flag)
+
+    def apply(self, parser) -> None:
+        (action,) = (a for a in parser._actions if a.dest == self.dest)
+        action.help = self.help
+        if self.metavar is not None:
+            action.metavar = self.metavar
+        if self.default is not None:
+            parser.set_defaults(**{self.dest: self.default})
+
+
+LOOPBACK = "127.0.0.1"
+_BIND = "this machine only by default; '*' or 0.0.0.0 for every interface"
+LOCUST_OWN = (
+    LocustOwn("--host", "host", TARGET, "The Triton address: grpc://host:8001, http://host:8000, https:// (HTTP + "
+              "TLS), grpcs:// (gRPC + TLS); the web form's Host field", unset=address_url(
+                  DEFAULT_ADDRESS, BY_DEST["triton_protocol"].default, BY_DEST["triton_ssl"].default),
+              metavar="<triton url>", form=WebForm.HOST),
+    LocustOwn("--web-host", "web_host", WEB_ACCESS, f"Interface the web UI binds to: {_BIND} (then use --web-login)",
+              LOOPBACK),
+    LocustOwn("--master-bind-host", "master_bind_host", WEB_ACCESS, f"Interface a master binds to: {_BIND} (the "
+              "master's port has no login: open it to the workers' network only)", LOOPBACK),
+)
+
+
+def register_arguments(parser) -> None:
+    """The one registration on Locust's parser: Locust's own options as read here, then every
+    option of `REGISTERED` through `LoadOption.add_to`, group by group. What a submitted form may
+    change is checked again when it is submitted (loadtest.webform)."""
+    for own in LOCUST_OWN:
+        own.apply(parser)
+    for title in GROUPS:
+        group = parser.add_argument_group(f"hstu-replay: {title.lower()}")
+        for o in REGISTERED:
+            if o.group == title:
+                o.add_to(group)
 
 
 def take_secrets(parsed) -> dict:
@@ -156,28 +265,6 @@ def option_values(parsed, secrets: dict | None = None) -> dict:
             shown = "(secret)" if o.secret else repr(raw)
             raise ConfigError(f"{o.flag} {shown}: expected a {type(o.default).__name__}") from None
     return values
-
-
-def register_arguments(parser) -> None:
-    """Add every option to Locust's parser, in groups. The web form shows all but the target
-    address (the Host field) and secrets; what a submitted form may change is checked again
-    there (loadtest.webform)."""
-    for action in parser._actions:  # Locust's own --host is the Triton address here
-        if action.dest == "host":
-            action.metavar, action.help = "<triton url>", ("The Triton address: grpc://host:8001, http://host:8000, "
-                                                           "https:// (HTTP + TLS) or grpcs:// (gRPC + TLS)")
-    for title in GROUPS:
-        group = parser.add_argument_group(f"hstu-replay: {title.lower()}")
-        for o in (o for o in OPTIONS if o.group == title):
-            kwargs = {"default": o.arg_default, "help": f"{title.split(' (')[0]}: {o.help}", "env_var": o.env_var}
-            if isinstance(o.default, bool):
-                kwargs["action"] = "store_true"
-            else:
-                kwargs["type"] = type(o.default)
-            action = group.add_argument(o.flag, dest=o.dest, **kwargs)
-            # what LocustArgumentParser.add_argument sets (an argument group's add_argument does not)
-            web = not o.secret and o.dest not in ADDRESS_OPTIONS
-            action.include_in_web_ui, action.is_secret, action.is_required, action.is_multiple = web, False, False, False
 
 
 def _coerce(raw, kind):

@@ -1,9 +1,10 @@
 """Who can reach a Locust process: loopback by default, Locust's own login for anything wider.
 
 Locust binds its web UI and a master's port to every interface unless told otherwise; here both
-default to 127.0.0.1, and `--web-host` / `--master-bind-host` given explicitly bind wider. With
-`--web-login` the web UI asks for `--web-user` and `--web-password` (read from the command line
-or `LOCUST_WEB_PASSWORD`; never shown, logged or sent to workers).
+default to 127.0.0.1 (`loadtest.options.LOCUST_OWN`), and `--web-host` / `--master-bind-host`
+given explicitly bind wider. With `--web-login` the web UI asks for `--web-user` and
+`--web-password` (read from the command line or `LOCUST_WEB_PASSWORD`; never shown, logged or
+sent to workers); both are declared with the other options (`loadtest.options.WEB_OPTIONS`).
 """
 
 from __future__ import annotations
@@ -13,34 +14,17 @@ import secrets
 import sys
 
 from hstu_replay.errors import ConfigError
+from hstu_replay.loadtest.options import WEB_PASSWORD, WEB_USER
 
-LOOPBACK = "127.0.0.1"
 LOGIN_CALLBACK = "/hstu/login"
-
-
-def register_arguments(parser) -> None:
-    """Loopback defaults for Locust's own bind options, and the login's credentials."""
-    parser.set_defaults(web_host=LOOPBACK, master_bind_host=LOOPBACK)
-    for action in parser._actions:  # Locust's help says '*'; say what is true here
-        if action.dest in ("web_host", "master_bind_host"):
-            action.help = (f"Interface to bind to. Default {LOOPBACK} (this machine only); "
-                           "'*' or 0.0.0.0 for every interface (then use --web-login for the web UI)")
-    group = parser.add_argument_group("hstu-replay: web UI access")
-    for flag, dest, help_text in (
-        ("--web-user", "hstu_web_user", "User name the web UI's login asks for (with --web-login)"),
-        ("--web-password", "hstu_web_password", "Password the web UI's login asks for (with --web-login; "
-                                                "secret, best given as LOCUST_WEB_PASSWORD)"),
-    ):
-        action = group.add_argument(flag, dest=dest, default="", env_var="LOCUST_" + flag[2:].upper().replace("-", "_"))
-        action.help = help_text
-        action.include_in_web_ui, action.is_secret, action.is_required, action.is_multiple = False, False, False, False
 
 
 def take_credentials(parsed) -> tuple[str, str]:
     """The login's user and password, removed from the parsed options (a master sends those to
     every worker)."""
-    user, password = getattr(parsed, "hstu_web_user", "") or "locust", getattr(parsed, "hstu_web_password", "") or ""
-    parsed.hstu_web_password = ""
+    user = getattr(parsed, WEB_USER.dest, "") or WEB_USER.default
+    password = getattr(parsed, WEB_PASSWORD.dest, "") or ""
+    setattr(parsed, WEB_PASSWORD.dest, "")
     return user, password
 
 
@@ -50,7 +34,7 @@ def install_login(environment, user: str, password: str) -> None:
     if not web_ui.web_login:
         return
     if not password:
-        print("hstu-replay: error: --web-login needs --web-password (or LOCUST_WEB_PASSWORD)", file=sys.stderr,
+        print(f"hstu-replay: error: --web-login needs {WEB_PASSWORD.flag} (or {WEB_PASSWORD.env_var})", file=sys.stderr,
               flush=True)
         sys.exit(ConfigError.exit_code)
     from flask import redirect, request, session, url_for

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from hstu_replay.errors import ConfigError
 from hstu_replay.loadtest.config import LoadTestConfig
-from hstu_replay.loadtest.options import ADDRESS_OPTIONS, OPTIONS, PATH_OPTIONS, SECRETS
+from hstu_replay.loadtest.options import (ADDRESS_OPTIONS, OPTIONS, PATH_OPTIONS, SECRETS, WEB_EDIT_TARGET,
+                                          WEB_PATHS_ROOT)
 
 LOCUST_FIELDS = frozenset({"user_count", "spawn_rate", "host", "run_time", "user_classes", "shape_class", "profile"})
 OPTION_FIELDS = frozenset(o.dest for o in OPTIONS)
@@ -42,24 +43,10 @@ class FormPolicy:
 
     @classmethod
     def from_options(cls, parsed) -> FormPolicy:
-        root = getattr(parsed, "hstu_web_paths_root", "") or ""
+        root = getattr(parsed, WEB_PATHS_ROOT.dest, "") or ""
         if root and not Path(root).is_dir():
-            raise ConfigError(f"--web-paths-root {root!r}: not a directory")
-        return cls(Path(root).resolve() if root else None, bool(getattr(parsed, "hstu_web_edit_target", False)))
-
-
-def register_arguments(parser) -> None:
-    group = parser.add_argument_group("hstu-replay: web form")
-    for flag, dest, kwargs, help_text in (
-        ("--web-paths-root", "hstu_web_paths_root", {"default": ""},
-         "Let the web form change path options (--report-dir, --store, --dump-dir, --triton-root-cert), "
-         "only to paths below this directory"),
-        ("--web-edit-target", "hstu_web_edit_target", {"action": "store_true", "default": False},
-         "Let the web form's Host field change the Triton address (off: the address of the command line)"),
-    ):
-        action = group.add_argument(flag, dest=dest, env_var="LOCUST_" + flag[2:].upper().replace("-", "_"), **kwargs)
-        action.help = help_text
-        action.include_in_web_ui, action.is_secret, action.is_required, action.is_multiple = False, False, False, False
+            raise ConfigError(f"{WEB_PATHS_ROOT.flag} {root!r}: not a directory")
+        return cls(Path(root).resolve() if root else None, bool(getattr(parsed, WEB_EDIT_TARGET.dest, False)))
 
 
 installed: FormPolicy | None = None  # this process's, once its web UI is up (Locust re-creates its parser)

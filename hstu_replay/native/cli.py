@@ -13,16 +13,19 @@ from hstu_replay.arguments import DUMP_DIR, REPOSITORY, TOLERANCE, Option
 
 def add_commands(groups: Any) -> None:
     reference = groups.add_parser("native", aliases=["reference"],
-                                  help="native C++ replay of reference dumps through model.pt2")
+                                  help="native C++ replay of reference dumps through model.pt2",
+                                  epilog="example: hstu-replay native build")
     commands = reference.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    build = commands.add_parser("build", help="build the C++ replay program with CMake (cached)")
+    build = commands.add_parser("build", help="build the C++ replay program with CMake (cached)",
+                                 epilog="example: hstu-replay native build --build-dir runs/native-build")
     _build_dir_arg(build)
     build.set_defaults(func=_build)
 
     replay = commands.add_parser(
         "replay", help="run every dump batch through the package in C++ and compare with its logits "
-                       "(exit 0 all within tolerance, 2 some batch is not)")
+                       "(exit 0 all within tolerance, 2 some batch is not)",
+        epilog="example: hstu-replay native replay --repository runs/model_repository --dump-dir runs/dumps")
     source = replay.add_mutually_exclusive_group(required=True)
     REPOSITORY.add_to(source, default=None, help="Triton repository: uses its hstu_gr_ranking/1/model.pt2")
     Option("--package", "an AOTInductor package taking (values, lengths, num_candidates)").add_to(source)

@@ -24,10 +24,13 @@ MODELS: dict[str, ModelInterface] = {i.model_name: i for i in INTERFACES.values(
 
 
 def add_commands(groups) -> None:
-    plan = groups.add_parser("plan", help="plan request traces for other tools")
+    plan = groups.add_parser("plan", help="plan request traces for other tools",
+                             epilog="example: hstu-replay plan cache-curve --store runs/store --out runs/curve")
     actions = plan.add_subparsers(dest="plan_command", required=True, metavar="ACTION")
     export = actions.add_parser("export-perf-analyzer",
-                                help="write planned requests as perf_analyzer --input-data JSON")
+                                help="write planned requests as perf_analyzer --input-data JSON",
+                                epilog="example: hstu-replay plan export-perf-analyzer --dump-dir runs/dumps "
+                                       "--out trace.json")
     DUMP_DIR.add_to(export, help="replay the users of this NVIDIA-format dump")
     STORE.add_to(export, help="replay sessions of this prepared store")
     Option("--out", "JSON file to write", metavar="TRACE_JSON").add_to(export, required=True)
@@ -47,7 +50,9 @@ def add_commands(groups) -> None:
            ).add_to(export)
     export.set_defaults(func=_export)
 
-    curve = actions.add_parser("cache-curve", help="hit ratio vs KV-cache budget of a store's natural replay")
+    curve = actions.add_parser("cache-curve", help="hit ratio vs KV-cache budget of a store's natural replay",
+                               epilog="example: hstu-replay plan cache-curve --store runs/store "
+                                      "--budgets 100000,1000000 --out runs/curve")
     STORE.add_to(curve, help="prepared store to replay", required=True)
     BUDGETS.add_to(curve, default="", help="budgets (tokens) to report, e.g. 100000,1000000 "
                                            "(the whole curve is written anyway)")

@@ -51,27 +51,36 @@ SERVE_OPTIONS = (
 
 def add_commands(groups) -> None:
     server = groups.add_parser("server", aliases=["target"],
-                               help="the reference HSTU server: export, serve, wait, dump")
+                               help="the reference HSTU server: export, serve, wait, dump",
+                               epilog="example: hstu-replay server serve --repository runs/model_repository")
     commands = server.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    export = commands.add_parser("export", help="compile the model with AOTInductor into a Triton repository")
+    export = commands.add_parser("export", help="compile the model with AOTInductor into a Triton repository",
+                                  epilog="example: hstu-replay server export --repository runs/model_repository "
+                                         "--config small")
     _model_args(export)
     export.set_defaults(func=_export)
 
-    serve = commands.add_parser("serve", help="serve the repository on a real tritonserver (127.0.0.1)")
+    serve = commands.add_parser("serve", help="serve the repository on a real tritonserver (127.0.0.1)",
+                                 epilog="example: hstu-replay server serve --repository runs/model_repository "
+                                        "--grpc-port 8001 --http-port 8000")
     _model_args(serve)
     for option in SERVE_OPTIONS:
         option.add_to(serve)
     serve.set_defaults(func=_serve)
 
-    wait = commands.add_parser("wait", help="until a `server serve` started by a script serves its model")
+    wait = commands.add_parser("wait", help="until a `server serve` started by a script serves its model",
+                                epilog="example: hstu-replay server wait --http-port 8000 --pid 4242 --log server.log "
+                                       "--timeout 60")
     wait.add_argument("--http-port", type=int, default=8000)
     wait.add_argument("--pid", type=int, required=True, help="the server's process: fail at once when it is gone")
     wait.add_argument("--log", required=True, help="the server's log: its own error line is quoted on failure")
     wait.add_argument("--timeout", type=float, default=180.0, help="seconds (default 180)")
     wait.set_defaults(func=_wait)
 
-    dump = commands.add_parser("dump", help="write NVIDIA-format reference dumps drawn from a prepared store")
+    dump = commands.add_parser("dump", help="write NVIDIA-format reference dumps drawn from a prepared store",
+                                epilog="example: hstu-replay server dump --repository runs/model_repository "
+                                       "--store runs/store --out runs/dumps")
     _model_args(dump)
     STORE.add_to(dump, required=True, metavar=None)
     Option("--out", "dump directory to write").add_to(dump, required=True)

@@ -9,7 +9,7 @@ import pytest
 from hstu_replay.errors import ConfigError
 from hstu_replay.loadtest.address import resolve_address
 from hstu_replay.loadtest.config import LoadTestConfig
-from hstu_replay.loadtest.options import take_secrets
+from hstu_replay.loadtest.options import ADDRESS_OPTIONS, PATH_OPTIONS, SECRETS, take_secrets
 
 
 @pytest.mark.parametrize("host, url, protocol, ssl, expected", [
@@ -67,3 +67,10 @@ def test_a_malformed_secret_is_named_without_its_value(tmp_path):
     with pytest.raises(ConfigError) as caught:
         LoadTestConfig.from_options(parsed, secrets={"triton_headers": "ok=1,SENTINEL-no-equals"})
     assert "item 2" in str(caught.value) and "SENTINEL" not in str(caught.value)
+
+
+def test_the_web_form_classes_of_the_options():
+    # what loadtest.webform checks a submitted form against, from each option's WebForm
+    assert set(ADDRESS_OPTIONS) == {"triton_url", "triton_protocol", "triton_ssl"}
+    assert set(PATH_OPTIONS) == {"triton_root_cert", "store", "dump_dir", "report_dir"}
+    assert SECRETS == ("triton_headers",)
