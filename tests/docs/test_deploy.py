@@ -100,3 +100,44 @@ def test_the_compose_master_uses_load_test_options_that_exist():
                                          "--web-port", "--web-login"}
     used = {re.split("=", a, maxsplit=1)[0] for a in _compose()["services"]["master"]["command"]}
     assert used <= flags, used - flags
+
+
+MASTER_CONFIG = r"""
+import json, sys
+from locust.argument_parser import get_parser
+import hstu_replay.locustfile  # registers the locustfile's options on Locust's parser
+from hstu_replay.loadtest.config import LoadTestConfig
+
+given = json.load(sys.stdin)
+parser = get_parser(default_config_files=[given["conf"]])
+known = {a.dest for a in parser._actions} | {s.lstrip("-") for a in parser._actions for s in a.option_strings}
+unknown = [k for k in given["keys"] if k not in known and k.replace("-", "_") not in known]
+options = parser.parse_args([], env_vars=given["env"])
+config = LoadTestConfig.from_options(options)
+print(json.dumps({"unknown": unknown, "store": config.data.store, "ratios": config.sweep.ratios,
+                  "url": config.target.address, "report_dir": config.report.report_dir}))
+"""
+
+
+def test_the_masters_locust_conf_and_environment_make_a_load_test_config(tmp_path):
+    """The ConfigMaps' locust.conf and LOCUST_* variables, read by Locust's own parser with the
+    locustfile's options, give a valid LoadTestConfig (in a child: importing locust patches the process)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    maps = [doc["data"] for _, doc in _resources() if doc["kind"] == "ConfigMap"]
+    (conf,) = [data["locust.conf"] for data in maps if "locust.conf" in data]
+    env = {k: v for data in maps for k, v in data.items() if k.startswith("LOCUST_")}
+    (tmp_path / "locust.conf").write_text(conf)
+    keys = [line.split("=", 1)[0].strip() for line in conf.splitlines() if "=" in line and not line.lstrip().startswith("#")]
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("LOCUST_")}
+    given = {"conf": str(tmp_path / "locust.conf"), "keys": keys, "env": env}
+    result = subprocess.run([sys.executable, "-c", MASTER_CONFIG], input=json.dumps(given), capture_output=True,
+                            text=True, timeout=120, cwd=tmp_path, env=child_env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    read = json.loads(result.stdout)
+    assert read["unknown"] == [], f"locust.conf keys no parser knows: {read['unknown']}"
+    assert (read["store"], read["report_dir"]) == ("/data/store", "/reports")  # the PVC mounts the pods have
+    assert read["url"] == env["LOCUST_TRITON_URL"] and read["ratios"][-1] == 1.0
