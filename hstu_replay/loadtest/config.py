@@ -12,7 +12,7 @@ from enum import StrEnum
 
 from hstu_replay.client.triton import ClientOptions
 from hstu_replay.errors import ConfigError
-from hstu_replay.interface import Limits, history_tokens
+from hstu_replay.interface import PUBLISHED_LIMITS, Limits, history_tokens
 from hstu_replay.loadtest.address import address_url, resolve_address
 from hstu_replay.loadtest.options import SECRETS, option_values
 from hstu_replay.plan.over_limit import HistoryPolicy
@@ -21,6 +21,7 @@ from hstu_replay.plan.tiers import OFFLOAD_CHUNK_TOKENS, OFFLOAD_MODES
 from hstu_replay.plan.workloads import WORKLOADS, WorkloadKind, natural_workloads, one_of, workload_kind
 from hstu_replay.report.flags import StageRules
 from hstu_replay.report.thresholds import Thresholds, parse_thresholds
+from hstu_replay.verify import DEFAULT_TOLERANCE
 
 
 class Arrival(StrEnum):
@@ -224,7 +225,7 @@ class CheckConfig:
     """How responses are verified against the references."""
 
     verify_fraction: float = 1.0
-    tolerance: float = 0.0625
+    tolerance: float = DEFAULT_TOLERANCE
 
     def __post_init__(self):
         if not 0.0 <= self.verify_fraction <= 1.0:
@@ -339,8 +340,9 @@ def _ratios(text: str) -> tuple[float, ...]:
 
 def _batches(text: str) -> tuple[int, ...]:
     sizes = _float_list(text, "--batch-sizes")
-    if any(not 1 <= b <= 8 or b != int(b) for b in sizes):
-        raise ConfigError(f"--batch-sizes {text!r}: whole numbers in 1..8")
+    most = PUBLISHED_LIMITS.max_batch
+    if any(not 1 <= b <= most or b != int(b) for b in sizes):
+        raise ConfigError(f"--batch-sizes {text!r}: whole numbers in 1..{most}")
     return tuple(int(b) for b in sizes)
 
 

@@ -16,6 +16,7 @@ from hstu_replay.report.flags import StageRules, stage_flags
 from hstu_replay.report.kit import NO_VALUE, fmt
 from hstu_replay.report.tiers import stage_tiers
 from hstu_replay.stats.run_stats import BinKey, BinStats, RunStats
+from hstu_replay.verify import DEFAULT_TOLERANCE
 
 def jsonable(value: Any) -> Any:
     """A copy fit for strict JSON: NaN and infinities become None, keys strings, tuples lists.
@@ -146,7 +147,7 @@ def build_report(
     stats: RunStats,
     run: dict,
     server: dict[str, dict] | None = None,
-    tolerance: float = 0.0625,
+    tolerance: float = DEFAULT_TOLERANCE,
     *,
     created: datetime | None = None,
     requested_rps: float | None = None,
