@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from hstu_replay.cache_ledger import DEFAULT_PAGE_TOKENS
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import PUBLISHED_LIMITS
 from hstu_replay.verify import DEFAULT_TOLERANCE
@@ -151,7 +152,7 @@ REQUEST_RATE = Option("--request-rate", "offered requests per second, all users 
 WARMUP_SECONDS = Option("--warmup-seconds", "warm-up seconds before each measured window", 2.0, float)
 
 # the server's KV cache and the answers
-PAGE_TOKENS = Option("--page-tokens", "KV-cache page size in tokens", 32, int)
+PAGE_TOKENS = Option("--page-tokens", "KV-cache page size in tokens", DEFAULT_PAGE_TOKENS, int)
 BUDGETS = Option("--budgets", "KV-cache budgets in tokens, comma-separated", metavar="TOKENS,...")
 TOLERANCE = Option("--tolerance", "max absolute logit difference accepted", DEFAULT_TOLERANCE, float)
 

@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from hstu_replay.errors import LimitError
 
 
+#: The KV-cache page in tokens, server and client alike, unless --page-tokens / --cache-page-tokens say otherwise.
+DEFAULT_PAGE_TOKENS = 32
+
+
 def pages(tokens: int, page_tokens: int) -> int:
     return -(-tokens // page_tokens)
 
@@ -28,7 +32,7 @@ class LedgerOutcome:
 
 
 class CacheLedger:
-    def __init__(self, budget_tokens: int | None = None, page_tokens: int = 32):
+    def __init__(self, budget_tokens: int | None = None, page_tokens: int = DEFAULT_PAGE_TOKENS):
         if page_tokens < 1:
             raise LimitError(f"page size {page_tokens} tokens; must be at least 1")
         self.page_tokens = page_tokens

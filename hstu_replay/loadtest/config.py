@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from hstu_replay.cache_ledger import DEFAULT_PAGE_TOKENS
 from hstu_replay.client.triton import ClientOptions
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import PUBLISHED_LIMITS, Limits, history_tokens
@@ -144,7 +145,7 @@ class CacheConfig:
     it (NVIDIA's two tiers), and the tier mix a sessions run is steered to."""
 
     budget_tokens: int = 0  # GPU pool; 0: unbounded
-    page_tokens: int = 32
+    page_tokens: int = DEFAULT_PAGE_TOKENS
     host_budget_tokens: int = 0  # 0: no host tier
     offload_mode: str = "native"
     tier_mix: TierMix | None = None

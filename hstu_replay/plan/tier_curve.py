@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hstu_replay.cache_ledger import DEFAULT_PAGE_TOKENS
 from hstu_replay.plan.cache_curve import Returns, return_thresholds
 from hstu_replay.plan.tiers import OFFLOAD_MODES
 
@@ -56,7 +57,7 @@ class TierCurve:
         return [self.point(g, h) for g in gpu_budgets for h in host_budgets]
 
 
-def tier_curve(keys: np.ndarray, tokens: np.ndarray, bounds: np.ndarray, page_tokens: int = 32,
+def tier_curve(keys: np.ndarray, tokens: np.ndarray, bounds: np.ndarray, page_tokens: int = DEFAULT_PAGE_TOKENS,
                offload_mode: str = "flexkv") -> TierCurve:
     """The two-tier curve of a trace laid out as `cache_curve.return_thresholds` takes it."""
     tokens = np.asarray(tokens, dtype=np.int64)

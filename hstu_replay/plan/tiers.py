@@ -22,7 +22,7 @@ import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from hstu_replay.cache_ledger import CacheLedger
+from hstu_replay.cache_ledger import DEFAULT_PAGE_TOKENS, CacheLedger
 
 #: NVIDIA's native host storage offloads once this many tokens are not yet offloaded (offload_chunksize).
 OFFLOAD_CHUNK_TOKENS = 1024
@@ -74,7 +74,8 @@ def tier_of(hits: int, host: int) -> Tier:
 class TierModel:
     """GPU pool + host pool, NVIDIA's lookup, onboard and offload rules."""
 
-    def __init__(self, gpu_budget_tokens: int | None, host_budget_tokens: int = 0, page_tokens: int = 32,
+    def __init__(self, gpu_budget_tokens: int | None, host_budget_tokens: int = 0,
+                 page_tokens: int = DEFAULT_PAGE_TOKENS,
                  offload_mode: str = "flexkv"):
         self.gpu = CacheLedger(gpu_budget_tokens, page_tokens)
         self.host = CacheLedger(host_budget_tokens, page_tokens) if host_budget_tokens > 0 else None

@@ -17,6 +17,7 @@ import orjson
 
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import Limits
+from hstu_replay.cache_ledger import DEFAULT_PAGE_TOKENS
 from hstu_replay.plan.cache_curve import CacheCurve, cache_curve
 from hstu_replay.plan.over_limit import HistoryPolicy
 from hstu_replay.plan.tier_curve import TierCurve, tier_curve
@@ -32,7 +33,7 @@ class CurveOptions:
     limits: Limits = Limits()
     batch_size: int = 1
     slice_ms: int = 0
-    page_tokens: int = 32
+    page_tokens: int = DEFAULT_PAGE_TOKENS
     policy: HistoryPolicy = HistoryPolicy()
 
 
