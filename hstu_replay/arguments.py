@@ -30,11 +30,19 @@ def number(flag: str, text: str | None, low: float | None = None, high: float | 
 
 
 def numbers(flag: str, text: str, low: float | None = None, high: float | None = None, *,
-            above: bool = False, integral: bool = False) -> tuple[float, ...]:
-    """Comma-separated `number`s, each checked alike."""
+            above: bool = False, integral: bool = False, blanks: bool = False, count: int | None = None,
+            digits: bool = False, form: str = "comma-separated numbers") -> tuple[float, ...]:
+    """Comma-separated `number`s, each checked alike: the one list parser of every option.
+
+    A blank item (or an empty text) is refused, unless `blanks`: then blank items are left out and
+    an empty text is an empty tuple. `count`: exactly that many items. `digits`: each item written
+    as a whole number in digits (no 1e6, no 3.0). `form` is what such a refusal asks for."""
     parts = [p.strip() for p in str(text).split(",")]
-    if not any(parts) or not all(parts):
-        raise ConfigError(f"{flag} {text!r}: give comma-separated numbers")
+    if blanks:
+        parts = [p for p in parts if p]
+    if ((not blanks and not all(parts)) or (count is not None and len(parts) != count)
+            or (digits and not all(p.removeprefix("-").isdigit() for p in parts))):
+        raise ConfigError(f"{flag} {text!r}: give {form}")
     return tuple(number(flag, p, low, high, above=above, integral=integral) for p in parts)
 
 

@@ -317,13 +317,9 @@ def _natural(args: argparse.Namespace) -> int:
         host_budgets=(tuple(sorted({int(b) for b in numbers("--host-budgets", args.host_budgets, 0, integral=True)}))
                       if args.host_budgets else ()),
         offload_mode=_offload_mode(args.offload_mode))
-    from hstu_replay.data.store import SequenceStore
-    from hstu_replay.errors import HstuReplayError
+    from hstu_replay.data.store import open_store
 
-    try:
-        SequenceStore.open(plan.store)
-    except HstuReplayError as exc:
-        raise ConfigError(f"--store {plan.store}: {str(exc).removeprefix(f'{plan.store}: ')}") from None
+    open_store(plan.store)
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     result = plan_capacity(plan)
     path = write_result(result, plan.out_dir)

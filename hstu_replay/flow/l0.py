@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hstu_replay.errors import ConfigError, HstuReplayError
+from hstu_replay.errors import ConfigError, HstuReplayError, opened_by_option
 from hstu_replay.interface import PUBLISHED_LIMITS
 from hstu_replay.process import Ports, ServerProcess, StartFailed, Teardown
 from hstu_replay.verify import DEFAULT_TOLERANCE
@@ -135,12 +135,9 @@ def check_options(options: L0Options) -> None:
         if path is not None and path.resolve().is_relative_to(options.out.resolve()):
             raise ConfigError(f"{name} {path}: lies inside --out {options.out}, which the flow empties; copy it elsewhere")
     if options.store is not None:
-        from hstu_replay.data.store import SequenceStore
+        from hstu_replay.data.store import open_store
 
-        try:
-            SequenceStore.open(options.store)
-        except HstuReplayError as exc:
-            raise ConfigError(f"--store: {exc}") from None
+        open_store(options.store)
     if options.export_from is not None:
         _check_export_from(options)
 
@@ -159,10 +156,7 @@ def _check_export_from(options: L0Options) -> None:
     layout = RepositoryLayout(options.export_from)
     if not layout.is_complete():
         raise ConfigError(f"--export-from {options.export_from}: no compiled repository there")
-    try:
-        meta = read_meta(layout)
-    except HstuReplayError as exc:
-        raise ConfigError(f"--export-from: {exc}") from None
+    meta = opened_by_option("--export-from", options.export_from, lambda _: read_meta(layout))
     if (meta.config, meta.seed, meta.device) != (options.config, options.seed, options.device):
         raise ConfigError(f"--export-from {options.export_from}: compiled for config {meta.config}, seed {meta.seed}, "
                           f"device {meta.device}; the flow asks for {options.config}, {options.seed}, {options.device}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from hstu_replay.arguments import numbers
 from hstu_replay.cache_ledger import DEFAULT_PAGE_TOKENS
 from hstu_replay.client.triton import ClientOptions
 from hstu_replay.errors import ConfigError
@@ -323,10 +324,7 @@ class LoadTestConfig:
 
 
 def _float_list(text: str, flag: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(x) for x in str(text).split(",") if x.strip())
-    except ValueError:
-        raise ConfigError(f"{flag} {text!r}: give comma-separated numbers") from None
+    values = numbers(flag, text, blanks=True)
     if not values:
         raise ConfigError(f"{flag} is empty")
     return values

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hstu_replay.arguments import (
     BATCH_SIZE, BUDGETS, CANDIDATES, DUMP_DIR, MAX_HISTORY, MAX_VALUES, OVER_LIMIT, PAGE_TOKENS, REBASE_KEEP,
-    REPLAY_SEED, SMALL_MAX_HISTORY, STORE, TIME_SLICE_MS, TRITON_MODEL, VISITS_PER_REQUEST, Option,
+    REPLAY_SEED, SMALL_MAX_HISTORY, STORE, TIME_SLICE_MS, TRITON_MODEL, VISITS_PER_REQUEST, Option, numbers,
 )
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import INTERFACES, Limits, ModelInterface
@@ -76,13 +76,8 @@ def _within(*checks: tuple[str, int, int, int | None]) -> None:
 
 
 def _token_list(flag: str, text: str) -> list[int]:
-    try:
-        values = [int(b) for b in text.split(",") if b.strip()]
-    except ValueError:
-        raise ConfigError(f"{flag} {text!r}: give whole token counts, e.g. 100000,1000000") from None
-    if any(b < 0 for b in values):
-        raise ConfigError(f"{flag} {text!r}: budgets cannot be negative")
-    return values
+    return list(numbers(flag, text, 0, integral=True, blanks=True, digits=True,
+                        form="whole token counts, e.g. 100000,1000000"))
 
 
 def _check(args: argparse.Namespace) -> tuple[ModelInterface, float, Limits]:

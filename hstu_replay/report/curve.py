@@ -45,13 +45,9 @@ def store_curve(options: CurveOptions) -> tuple[CacheCurve, dict]:
 
 def store_curves(options: CurveOptions, offload_mode: str | None = None) -> tuple[CacheCurve, TierCurve | None, dict]:
     """The one-tier curve of a store's natural replay and, with an offload mode, its two-tier curve."""
-    from hstu_replay.data.store import SequenceStore
-    from hstu_replay.errors import HstuReplayError
+    from hstu_replay.data.store import open_store
 
-    try:
-        store = SequenceStore.open(options.store)
-    except HstuReplayError as exc:
-        raise ConfigError(f"--store {options.store}: {str(exc).removeprefix(f'{options.store}: ')}") from None
+    store = open_store(options.store)
     if options.limits.history_cap(options.batch_size, options.candidates) < 1:
         raise ConfigError(f"--max-values {options.limits.max_values}: no room for any history at batch "
                           f"{options.batch_size} with --candidates {options.candidates}")

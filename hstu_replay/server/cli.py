@@ -168,12 +168,15 @@ def _serve(args) -> int:
 
 
 def _dump(args) -> int:
+    from hstu_replay.cache_ledger import DEFAULT_PAGE_TOKENS
+    from hstu_replay.data.store import open_store
     from hstu_replay.server.build import export_repository, load_engines
     from hstu_replay.server.dump import write_reference_dumps
 
+    open_store(args.store)  # a missing or corrupt store is named before the export
     device = resolve_device(args.device)
     export_repository(args.repository, args.config, args.seed, device)
-    engines = load_engines(args.repository, None, 32, device)
+    engines = load_engines(args.repository, None, DEFAULT_PAGE_TOKENS, device)
     written = write_reference_dumps(engines.uncached, args.store, args.out, args.batches, args.batch_size,
                                     args.candidates, args.max_history, args.dump_seed, args.min_history)
     print(f"hstu-replay: wrote {written} batches to {args.out}", file=sys.stderr)
