@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hstu_replay.cache_ledger import DEFAULT_PAGE_TOKENS
+from hstu_replay.cache_ledger import DEFAULT_OFFLOAD_CHUNK_TOKENS, DEFAULT_PAGE_TOKENS
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import PUBLISHED_LIMITS
 from hstu_replay.verify import DEFAULT_TOLERANCE
@@ -161,6 +161,9 @@ WARMUP_SECONDS = Option("--warmup-seconds", "warm-up seconds before each measure
 
 # the server's KV cache and the answers
 PAGE_TOKENS = Option("--page-tokens", "KV-cache page size in tokens", DEFAULT_PAGE_TOKENS, int)
+#: the server's host tier and the client's model of it: one chunk size for both
+OFFLOAD_CHUNK_TOKENS = Option("--offload-chunk-tokens", "--offload-mode native: the host tier's chunk in tokens "
+                              "(NVIDIA's offload_chunksize)", DEFAULT_OFFLOAD_CHUNK_TOKENS, int)
 BUDGETS = Option("--budgets", "KV-cache budgets in tokens, comma-separated", metavar="TOKENS,...")
 TOLERANCE = Option("--tolerance", "max absolute logit difference accepted", DEFAULT_TOLERANCE, float)
 

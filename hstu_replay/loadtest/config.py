@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from hstu_replay.arguments import numbers
-from hstu_replay.cache_ledger import DEFAULT_PAGE_TOKENS
+from hstu_replay.cache_ledger import DEFAULT_OFFLOAD_CHUNK_TOKENS, DEFAULT_PAGE_TOKENS
 from hstu_replay.client.triton import ClientOptions
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import PUBLISHED_LIMITS, Limits, history_tokens
@@ -19,7 +19,7 @@ from hstu_replay.loadtest.address import address_url, resolve_address
 from hstu_replay.loadtest.options import SECRETS, option_values
 from hstu_replay.plan.over_limit import HistoryPolicy
 from hstu_replay.plan.tier_mix import TierMix
-from hstu_replay.plan.tiers import OFFLOAD_CHUNK_TOKENS, OFFLOAD_MODES
+from hstu_replay.plan.tiers import OFFLOAD_MODES
 from hstu_replay.plan.workloads import WORKLOADS, WorkloadKind, natural_workloads, one_of, workload_kind
 from hstu_replay.report.flags import StageRules
 from hstu_replay.report.thresholds import Thresholds, parse_thresholds
@@ -150,6 +150,7 @@ class CacheConfig:
     host_budget_tokens: int = 0  # 0: no host tier
     offload_mode: str = "native"
     tier_mix: TierMix | None = None
+    offload_chunk_tokens: int = DEFAULT_OFFLOAD_CHUNK_TOKENS  # the server's native offload chunk
 
     def __post_init__(self):
         if self.budget_tokens < 0 or self.host_budget_tokens < 0:
@@ -157,6 +158,8 @@ class CacheConfig:
                               f"{self.host_budget_tokens}: use 0 or more tokens")
         if self.offload_mode not in OFFLOAD_MODES:
             raise ConfigError(f"--offload-mode {self.offload_mode!r}: use {one_of(OFFLOAD_MODES)}")
+        if self.offload_chunk_tokens < 1:
+            raise ConfigError(f"--offload-chunk-tokens {self.offload_chunk_tokens}: must be at least 1")
 
     @property
     def budgets_given(self) -> bool:
@@ -260,9 +263,10 @@ class LoadTestConfig:
         if mix is not None and mix.host and self.cache.offload_mode == "native":
             longest = max(history_tokens(self.data.limits.history_cap(b, self.data.candidates))
                           for b in self.sweep.batches)
-            if longest < OFFLOAD_CHUNK_TOKENS:
+            chunk = self.cache.offload_chunk_tokens
+            if longest < chunk:
                 raise ConfigError(f"--tier-mix {mix_text(mix)}: under --offload-mode native a history reaches the "
-                                  f"host only once it has {OFFLOAD_CHUNK_TOKENS:,} tokens, and the longest sent here "
+                                  f"host only once it has {chunk:,} tokens, and the longest sent here "
                                   f"has {longest} (--max-history {self.data.max_history}): give longer histories, "
                                   "or --offload-mode flexkv where the server offloads after every forward")
 
@@ -294,7 +298,8 @@ class LoadTestConfig:
                           HistoryPolicy.of(v["over_limit"], v["rebase_keep"]), v["working_set"])
         checks = CheckConfig(v["verify_fraction"], v["tolerance"])
         cache = CacheConfig(v["cache_budget_tokens"], v["cache_page_tokens"], v["host_budget_tokens"],
-                            v["offload_mode"], TierMix.parse(v["tier_mix"]) if v["tier_mix"] else None)
+                            v["offload_mode"], TierMix.parse(v["tier_mix"]) if v["tier_mix"] else None,
+                            v["offload_chunk_tokens"])
         if cache.budgets_given:
             cache.check_mix()  # else once the server's control model said its budgets (loadtest.prepare)
         if cache.tier_mix is not None and not kind.steers_tiers:

@@ -17,7 +17,7 @@ import orjson
 
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import Limits
-from hstu_replay.cache_ledger import DEFAULT_PAGE_TOKENS
+from hstu_replay.cache_ledger import DEFAULT_OFFLOAD_CHUNK_TOKENS, DEFAULT_PAGE_TOKENS
 from hstu_replay.plan.cache_curve import CacheCurve, cache_curve
 from hstu_replay.plan.over_limit import HistoryPolicy
 from hstu_replay.plan.tier_curve import TierCurve, tier_curve
@@ -35,6 +35,7 @@ class CurveOptions:
     slice_ms: int = 0
     page_tokens: int = DEFAULT_PAGE_TOKENS
     policy: HistoryPolicy = HistoryPolicy()
+    offload_chunk_tokens: int = DEFAULT_OFFLOAD_CHUNK_TOKENS  # the host tier's, under native offload
 
 
 def store_curve(options: CurveOptions) -> tuple[CacheCurve, dict]:
@@ -57,7 +58,8 @@ def store_curves(options: CurveOptions, offload_mode: str | None = None) -> tupl
         raise ConfigError(f"--store {options.store}: no user comes back after a gap of 60 s; nothing to replay")
     bounds = group_requests(trace, options.slice_ms, options.batch_size)
     curve = cache_curve(trace.cache_keys, trace.tokens, bounds, options.page_tokens)
-    tiers = (tier_curve(trace.cache_keys, trace.tokens, bounds, options.page_tokens, offload_mode)
+    tiers = (tier_curve(trace.cache_keys, trace.tokens, bounds, options.page_tokens, offload_mode,
+                        options.offload_chunk_tokens)
              if offload_mode else None)
     seconds = time.perf_counter() - began
     info = {"store": str(options.store), "users": int(len(set(trace.users.tolist()))), "visits": len(trace),

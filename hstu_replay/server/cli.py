@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from hstu_replay.arguments import (
-    CANDIDATES, DEVICE, DUMP_BATCH_SIZE, DUMP_BATCHES, DUMP_SEED, MODEL_CONFIG, MODEL_MAX_HISTORY, PAGE_TOKENS,
-    REPOSITORY, STORE, THREADS, WEIGHTS_SEED, Option,
+    CANDIDATES, DEVICE, DUMP_BATCH_SIZE, DUMP_BATCHES, DUMP_SEED, MODEL_CONFIG, MODEL_MAX_HISTORY, OFFLOAD_CHUNK_TOKENS,
+    PAGE_TOKENS, REPOSITORY, STORE, THREADS, WEIGHTS_SEED, Option,
 )
 from hstu_replay.errors import ConfigError
 
@@ -26,7 +26,7 @@ SERVE_OPTIONS = (
     Option("--offload-mode", "when K/V go to the host tier, as NVIDIA's backends do: native (once a whole chunk "
                              "is not yet offloaded, whole chunks) or flexkv (after every forward pass)", "native",
            choices=("native", "flexkv")),
-    Option("--offload-chunk-tokens", "the native mode's chunk (NVIDIA's offload_chunksize)", 1024, int),
+    OFFLOAD_CHUNK_TOKENS,
     Option("--engine", "aoti: the compiled packages, one user at a time; batched: every user of a request in one "
                        "pass over a paged KV pool (the fast path on a GPU; nothing to compile); batched-aoti: that "
                        "pass compiled by AOTInductor into the repository (once; the attention kernel inside on a GPU)",
