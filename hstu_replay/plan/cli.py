@@ -18,7 +18,7 @@ from hstu_replay.arguments import (
     numbers,
 )
 from hstu_replay.errors import ConfigError
-from hstu_replay.interface import INTERFACES, Limits, ModelInterface
+from hstu_replay.interface import INTERFACES, PUBLISHED_LIMITS, Limits, ModelInterface
 from hstu_replay.plan.keys import KeyAllocator
 
 MODELS: dict[str, ModelInterface] = {i.model_name: i for i in INTERFACES.values()}
@@ -36,7 +36,7 @@ def add_commands(groups) -> None:
     Option("--hit-ratio", "target KV-cache hit ratio (default 0.5; 0 for a model without cache)", type=float
            ).add_to(export)
     # perf_analyzer replays one trace file: full requests by default
-    BATCH_SIZE.add_to(export, default=8)
+    BATCH_SIZE.add_to(export, default=PUBLISHED_LIMITS.max_batch)
     Option("--requests", "measured requests; priming requests come on top", 100, int).add_to(export)
     CANDIDATES.add_to(export, help="candidates per user, sessions")
     SMALL_MAX_HISTORY.add_to(export)
