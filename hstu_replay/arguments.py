@@ -7,7 +7,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from hstu_replay.cache_ledger import DEFAULT_OFFLOAD_CHUNK_TOKENS, DEFAULT_PAGE_TOKENS
 from hstu_replay.errors import ConfigError
+from hstu_replay.interface import PUBLISHED_LIMITS
+from hstu_replay.verify import DEFAULT_TOLERANCE
 
 
 def number(flag: str, text: str | None, low: float | None = None, high: float | None = None, *,
@@ -27,11 +30,19 @@ def number(flag: str, text: str | None, low: float | None = None, high: float | 
 
 
 def numbers(flag: str, text: str, low: float | None = None, high: float | None = None, *,
-            above: bool = False, integral: bool = False) -> tuple[float, ...]:
-    """Comma-separated `number`s, each checked alike."""
+            above: bool = False, integral: bool = False, blanks: bool = False, count: int | None = None,
+            digits: bool = False, form: str = "comma-separated numbers") -> tuple[float, ...]:
+    """Comma-separated `number`s, each checked alike: the one list parser of every option.
+
+    A blank item (or an empty text) is refused, unless `blanks`: then blank items are left out and
+    an empty text is an empty tuple. `count`: exactly that many items. `digits`: each item written
+    as a whole number in digits (no 1e6, no 3.0). `form` is what such a refusal asks for."""
     parts = [p.strip() for p in str(text).split(",")]
-    if not any(parts) or not all(parts):
-        raise ConfigError(f"{flag} {text!r}: give comma-separated numbers")
+    if blanks:
+        parts = [p for p in parts if p]
+    if ((not blanks and not all(parts)) or (count is not None and len(parts) != count)
+            or (digits and not all(p.removeprefix("-").isdigit() for p in parts))):
+        raise ConfigError(f"{flag} {text!r}: give {form}")
     return tuple(number(flag, p, low, high, above=above, integral=integral) for p in parts)
 
 
@@ -121,13 +132,13 @@ STORE = Option("--store", "prepared KuaiRand store", metavar="STORE")
 DUMP_DIR = Option("--dump-dir", "NVIDIA-format dump directory", metavar="DIR")
 CANDIDATES = Option("--candidates", "candidates ranked per user", 16, int)
 #: the published model's limit, what the load test sends by default
-MAX_HISTORY = Option("--max-history", "longest history in items", 4096, int)
+MAX_HISTORY = Option("--max-history", "longest history in items", PUBLISHED_LIMITS.max_history, int)
 #: the small CPU model's limit (`--config small`, the built-in server's default)
 SMALL_MAX_HISTORY = MAX_HISTORY.but(help="longest history in items (default %(default)s: the small model's limit)",
                                     default=256)
 #: what a model is built and dumped with: its config's maximum unless given
 MODEL_MAX_HISTORY = MAX_HISTORY.but(help="longest history in items (default: the model's maximum)", default=None)
-MAX_VALUES = Option("--max-values", "largest len(values) the model takes", 40_000, int)
+MAX_VALUES = Option("--max-values", "largest len(values) the model takes", PUBLISHED_LIMITS.max_values, int)
 REPLAY_SEED = Option("--replay-seed", "seed of the user order", 0, int, dest="seed")
 #: natural replay: a visit whose history is past the limit (plan.over_limit)
 OVER_LIMIT = Option("--over-limit", "natural replay, a visit whose history is past the limit: skip (not sent, as "
@@ -138,11 +149,12 @@ REBASE_KEEP = Option("--rebase-keep", "--over-limit rebase: the fraction of the 
 
 # the requests
 HIT_RATIOS = Option("--hit-ratios", "target KV-cache hit ratios, one stage (or search) each", "0,0.5,1.0")
-BATCH_SIZE = Option("--batch-size", "users per request, 1..8", 1, int)
+_BATCHES = f"1..{PUBLISHED_LIMITS.max_batch}"
+BATCH_SIZE = Option("--batch-size", f"users per request, {_BATCHES}", 1, int)
 #: natural replay: requests group the visits of one time slice, up to this many
-VISITS_PER_REQUEST = BATCH_SIZE.but(help="most visits per request, 1..8")
+VISITS_PER_REQUEST = BATCH_SIZE.but(help=f"most visits per request, {_BATCHES}")
 #: the load test's sweep
-BATCH_SIZES = Option("--batch-sizes", "users per request (1..8), one sweep each", "1")
+BATCH_SIZES = Option("--batch-sizes", f"users per request ({_BATCHES}), one sweep each", "1")
 #: the published protocol's batch-size scaling table
 SCALING_BATCH_SIZES = BATCH_SIZES.but(help="batch sizes of the scaling table", default="1,2,4,8")
 TIME_SLICE_MS = Option("--time-slice-ms", "visits of one slice of log time share a request (0: one visit each)", 0,
@@ -151,9 +163,12 @@ REQUEST_RATE = Option("--request-rate", "offered requests per second, all users 
 WARMUP_SECONDS = Option("--warmup-seconds", "warm-up seconds before each measured window", 2.0, float)
 
 # the server's KV cache and the answers
-PAGE_TOKENS = Option("--page-tokens", "KV-cache page size in tokens", 32, int)
+PAGE_TOKENS = Option("--page-tokens", "KV-cache page size in tokens", DEFAULT_PAGE_TOKENS, int)
+#: the server's host tier and the client's model of it: one chunk size for both
+OFFLOAD_CHUNK_TOKENS = Option("--offload-chunk-tokens", "--offload-mode native: the host tier's chunk in tokens "
+                              "(NVIDIA's offload_chunksize)", DEFAULT_OFFLOAD_CHUNK_TOKENS, int)
 BUDGETS = Option("--budgets", "KV-cache budgets in tokens, comma-separated", metavar="TOKENS,...")
-TOLERANCE = Option("--tolerance", "max absolute logit difference accepted", 0.0625, float)
+TOLERANCE = Option("--tolerance", "max absolute logit difference accepted", DEFAULT_TOLERANCE, float)
 
 # capacity's service-level objective
 SLO_P99_MS = Option("--slo-p99-ms", "SLO: p99 latency in ms", type=float)

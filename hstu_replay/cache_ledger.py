@@ -5,15 +5,42 @@ min(held, total_history_length) tokens; afterwards its key holds total_history_l
 whole users are evicted least-recently-used when the pages would exceed the budget; users of
 the running request are never evicted. The reference target keeps its tensors beside this
 ledger; the load generator runs the same ledger as its model of the server's capacity.
+
+The offload rule of a host tier behind the cache (what the host holds after a forward pass) is
+here too, for the same two readers: the server's host tier and the client's tier model.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 from hstu_replay.errors import LimitError
+
+
+#: The KV-cache page in tokens, server and client alike, unless --page-tokens / --cache-page-tokens say otherwise.
+DEFAULT_PAGE_TOKENS = 32
+
+
+#: NVIDIA's native host storage offloads in chunks of this many tokens (`offload_chunksize`): the
+#: server's and the client's --offload-chunk-tokens unless given.
+DEFAULT_OFFLOAD_CHUNK_TOKENS = 1024
+
+
+class OffloadMode(str, Enum):
+    """--offload-mode: when K/V go to the host tier, under NVIDIA's backend names."""
+
+    FLEXKV = "flexkv"  # after every forward pass, everything not yet on the host
+    NATIVE = "native"  # once a whole chunk is not yet on the host, whole chunks
+
+
+#: (tokens on the host, tokens the user has now, chunk) -> tokens on the host after the offload
+OFFLOAD_RULES: dict[OffloadMode, Callable[[int, int, int], int]] = {
+    OffloadMode.NATIVE: lambda held, total, chunk: held + (total - held) // chunk * chunk,
+    OffloadMode.FLEXKV: lambda held, total, chunk: total,
+}
 
 
 def pages(tokens: int, page_tokens: int) -> int:
@@ -28,7 +55,7 @@ class LedgerOutcome:
 
 
 class CacheLedger:
-    def __init__(self, budget_tokens: int | None = None, page_tokens: int = 32):
+    def __init__(self, budget_tokens: int | None = None, page_tokens: int = DEFAULT_PAGE_TOKENS):
         if page_tokens < 1:
             raise LimitError(f"page size {page_tokens} tokens; must be at least 1")
         self.page_tokens = page_tokens

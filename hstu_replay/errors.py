@@ -3,6 +3,13 @@
 `cli.main` is the single place that turns these into a line on stderr and a process exit status.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
 
 class HstuReplayError(Exception):
     """Base of every expected failure: the message is one line a user can act on."""
@@ -46,3 +53,15 @@ class AccessDenied(ServerError):
 
 class ServerUnavailable(ServerError):
     """The server did not take the request at all (connection refused, gRPC UNAVAILABLE)."""
+
+
+def opened_by_option(flag: str, path, opener: Callable[..., T]) -> T:
+    """`opener(path)` for the file or folder option `flag` names: a missing, foreign or corrupt one
+    (any HstuReplayError of the opener) becomes one ConfigError line naming the option, exit 2."""
+    if not path:
+        raise ConfigError(f"{flag} is required")
+    try:
+        return opener(path)
+    except HstuReplayError as exc:
+        reason = str(exc).removeprefix(f"{path}: ")
+        raise ConfigError(f"{flag} {path}: {reason}") from None

@@ -28,6 +28,23 @@ def test_refusals_name_option_value_and_rule(call, message):
     assert str(exc.value) == message
 
 
+def test_one_list_parser_for_every_list_option():
+    assert numbers("--budgets", " 5, ,10,", 0, integral=True, blanks=True) == (5, 10)  # blank items left out
+    assert numbers("--budgets", "", 0, integral=True, blanks=True) == ()
+    assert numbers("--ports", "1,2,3,4", 0, integral=True, count=4, digits=True) == (1, 2, 3, 4)
+    for call, message in [
+        (lambda: numbers("--ports", "1,2", 0, count=4, form="four ports"), "--ports '1,2': give four ports"),
+        (lambda: numbers("--budgets", "1e6", 0, integral=True, digits=True, form="token counts"),
+         "--budgets '1e6': give token counts"),
+        (lambda: numbers("--budgets", "3.0", 0, integral=True, digits=True), "--budgets '3.0': give comma-separated numbers"),
+        (lambda: numbers("--budgets", "5,-1", 0, integral=True, blanks=True, digits=True), "--budgets '-1': must be >= 0"),
+        (lambda: numbers("--b", "", blanks=False), "--b '': give comma-separated numbers"),
+    ]:
+        with pytest.raises(ConfigError) as exc:
+            call()
+        assert str(exc.value) == message
+
+
 def test_an_option_declared_once_adds_to_any_parser():
     import argparse
 

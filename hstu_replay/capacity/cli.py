@@ -17,6 +17,7 @@ from hstu_replay.arguments import (
     TRITON_PROTOCOL, TRITON_URL, VISITS_PER_REQUEST, WARMUP_SECONDS, WORKLOAD, Option, number, numbers,
 )
 from hstu_replay.errors import ConfigError
+from hstu_replay.interface import PUBLISHED_LIMITS
 from hstu_replay.plan.workloads import WORKLOADS, one_of
 
 NO_SUSTAINABLE_STEP_EXIT = 3
@@ -211,9 +212,7 @@ def plan_from_args(args: argparse.Namespace):
               number("--slo-error-ratio", args.slo_error_ratio, 0.0))
     if slo.error_ratio > 1.0:
         raise ConfigError(f"--slo-error-ratio {args.slo_error_ratio!r}: use 0..1")
-    batch = number("--batch-size", args.batch_size, 1, integral=True)
-    if batch > 8:
-        raise ConfigError(f"--batch-size {args.batch_size!r}: use 1..8")
+    batch = _batch_size(args.batch_size)
     share = number("--worker-cpu-share", args.worker_cpu_share, 0.0, above=True)
     if share > 1.0:
         raise ConfigError(f"--worker-cpu-share {args.worker_cpu_share!r}: use a share of one core, 0..1")
@@ -278,6 +277,14 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _batch_size(text: str) -> int:
+    """--batch-size: users per request, within the published limit."""
+    batch = number("--batch-size", text, 1, integral=True)
+    if batch > PUBLISHED_LIMITS.max_batch:
+        raise ConfigError(f"--batch-size {text!r}: use 1..{PUBLISHED_LIMITS.max_batch}")
+    return batch
+
+
 def _offload_mode(mode: str) -> str:
     from hstu_replay.plan.tiers import OFFLOAD_MODES
 
@@ -297,9 +304,7 @@ def _natural(args: argparse.Namespace) -> int:
     if not Path(args.repository).is_dir():
         raise ConfigError(f"--repository {args.repository}: no such folder")
     serve_args = _serve_args(args.serve_args)
-    batch = number("--batch-size", args.batch_size, 1, integral=True)
-    if batch > 8:
-        raise ConfigError(f"--batch-size {args.batch_size}: use 1..8")
+    batch = _batch_size(args.batch_size)
     plan = NaturalPlan(
         store=args.store, repository=args.repository, out_dir=Path(args.out),
         slo=Slo(number("--slo-p99-ms", args.slo_p99_ms, 0, above=True),
@@ -320,13 +325,9 @@ def _natural(args: argparse.Namespace) -> int:
         host_budgets=(tuple(sorted({int(b) for b in numbers("--host-budgets", args.host_budgets, 0, integral=True)}))
                       if args.host_budgets else ()),
         offload_mode=_offload_mode(args.offload_mode))
-    from hstu_replay.data.store import SequenceStore
-    from hstu_replay.errors import HstuReplayError
+    from hstu_replay.data.store import open_store
 
-    try:
-        SequenceStore.open(plan.store)
-    except HstuReplayError as exc:
-        raise ConfigError(f"--store {plan.store}: {str(exc).removeprefix(f'{plan.store}: ')}") from None
+    open_store(plan.store)
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     result = plan_capacity(plan)
     path = write_result(result, plan.out_dir)

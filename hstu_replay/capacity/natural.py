@@ -40,6 +40,7 @@ from hstu_replay.capacity.pools import SERVER_STOP_GRACE_S, TargetPools, served
 from hstu_replay.capacity.search import Measurement, Slo, judge
 from hstu_replay.capacity.shards import combine, spread
 from hstu_replay.capacity.step import StepRun, fresh_dir
+from hstu_replay.cache_ledger import DEFAULT_PAGE_TOKENS
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import Limits
 from hstu_replay.loadtest.command import headless_command
@@ -65,7 +66,7 @@ class NaturalPlan:
     warmup_seconds: float = 5.0
     candidates: int = 16
     max_history: int = 256
-    page_tokens: int = 32
+    page_tokens: int = DEFAULT_PAGE_TOKENS
     serve_args: tuple[str, ...] = ()  # e.g. --threads 1 --config small
     policy: HistoryPolicy = HistoryPolicy()  # --over-limit, --rebase-keep
     shards_measured: int = 0  # with n servers, measure shards 0..K-1 of n (0: all n)

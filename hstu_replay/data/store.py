@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hstu_replay.errors import ConfigError, InputError
+from hstu_replay.errors import ConfigError, InputError, opened_by_option
 
 FORMAT = "hstu-replay-sequence-store"
 FORMAT_VERSION = 1
@@ -327,3 +327,8 @@ class SequenceStore:
                 f"{self.path}: checksum mismatch (meta {self.meta.checksum[:19]}..., "
                 f"arrays {actual[:19]}...): the store is corrupt"
             )
+
+
+def open_store(path: str | Path | None, flag: str = "--store") -> SequenceStore:
+    """The store an option names; a missing or corrupt one is one ConfigError line naming the option."""
+    return opened_by_option(flag, path, SequenceStore.open)

@@ -8,7 +8,7 @@ from typing import Any
 
 from hstu_replay.arguments import (
     CANDIDATES, DEVICE, DUMP_BATCH_SIZE, DUMP_BATCHES, DUMP_SEED, MODEL_CONFIG, MODEL_MAX_HISTORY, STORE, THREADS,
-    TOLERANCE, TRITON_PROTOCOL, WEIGHTS_SEED, Option,
+    TOLERANCE, TRITON_PROTOCOL, WEIGHTS_SEED, Option, numbers,
 )
 from hstu_replay.process import Ports
 
@@ -61,11 +61,7 @@ def _l0(args: argparse.Namespace) -> int:
 
 
 def _ports(text: str | None) -> Ports | None:
-    from hstu_replay.errors import ConfigError
-
     if text is None:
         return None
-    parts = text.split(",")
-    if len(parts) != 4 or not all(p.strip().isdigit() for p in parts):
-        raise ConfigError(f"--ports {text!r}: give four port numbers, HTTP,GRPC,METRICS,CACHE_METRICS")
-    return Ports(*(int(p) for p in parts))
+    return Ports(*numbers("--ports", text, 0, integral=True, count=4, digits=True,
+                          form="four port numbers, HTTP,GRPC,METRICS,CACHE_METRICS"))

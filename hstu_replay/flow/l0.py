@@ -23,8 +23,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hstu_replay.errors import ConfigError, HstuReplayError
+from hstu_replay.errors import ConfigError, HstuReplayError, opened_by_option
+from hstu_replay.interface import PUBLISHED_LIMITS
 from hstu_replay.process import Ports, ServerProcess, StartFailed, Teardown
+from hstu_replay.verify import DEFAULT_TOLERANCE
 
 MARKER = ".hstu-replay-flow"
 #: Entries of --out the flow writes (and empties on a rerun); nothing else there is touched.
@@ -44,7 +46,7 @@ class L0Options:
     max_history: int | None = None
     seed: int = 0  # weights
     dump_seed: int = 0
-    tolerance: float = 0.0625
+    tolerance: float = DEFAULT_TOLERANCE
     protocol: str = "grpc"
     device: str = "cpu"
     threads: int = 0
@@ -111,8 +113,9 @@ def check_options(options: L0Options) -> None:
     config = get_config(options.config)
     if options.batches < 2:
         raise ConfigError(f"--batches {options.batches}: needs a warm-up batch and at least one measured batch (>= 2)")
-    if not 1 <= options.batch_size <= 8:
-        raise ConfigError(f"--batch-size {options.batch_size}: use 1..8 (the published limit)")
+    if not 1 <= options.batch_size <= PUBLISHED_LIMITS.max_batch:
+        raise ConfigError(f"--batch-size {options.batch_size}: use 1..{PUBLISHED_LIMITS.max_batch} "
+                          "(the published limit)")
     if not 1 <= options.candidates <= config.max_candidates:
         raise ConfigError(f"--candidates {options.candidates}: the {config.name} model takes 1..{config.max_candidates}")
     if options.max_history is not None and options.max_history < 1:
@@ -132,12 +135,9 @@ def check_options(options: L0Options) -> None:
         if path is not None and path.resolve().is_relative_to(options.out.resolve()):
             raise ConfigError(f"{name} {path}: lies inside --out {options.out}, which the flow empties; copy it elsewhere")
     if options.store is not None:
-        from hstu_replay.data.store import SequenceStore
+        from hstu_replay.data.store import open_store
 
-        try:
-            SequenceStore.open(options.store)
-        except HstuReplayError as exc:
-            raise ConfigError(f"--store: {exc}") from None
+        open_store(options.store)
     if options.export_from is not None:
         _check_export_from(options)
 
@@ -156,10 +156,7 @@ def _check_export_from(options: L0Options) -> None:
     layout = RepositoryLayout(options.export_from)
     if not layout.is_complete():
         raise ConfigError(f"--export-from {options.export_from}: no compiled repository there")
-    try:
-        meta = read_meta(layout)
-    except HstuReplayError as exc:
-        raise ConfigError(f"--export-from: {exc}") from None
+    meta = opened_by_option("--export-from", options.export_from, lambda _: read_meta(layout))
     if (meta.config, meta.seed, meta.device) != (options.config, options.seed, options.device):
         raise ConfigError(f"--export-from {options.export_from}: compiled for config {meta.config}, seed {meta.seed}, "
                           f"device {meta.device}; the flow asks for {options.config}, {options.seed}, {options.device}")

@@ -10,17 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from hstu_replay.arguments import numbers
+from hstu_replay.cache_ledger import DEFAULT_OFFLOAD_CHUNK_TOKENS, DEFAULT_PAGE_TOKENS
 from hstu_replay.client.triton import ClientOptions
 from hstu_replay.errors import ConfigError
-from hstu_replay.interface import Limits, history_tokens
+from hstu_replay.interface import PUBLISHED_LIMITS, Limits, history_tokens
 from hstu_replay.loadtest.address import address_url, resolve_address
 from hstu_replay.loadtest.options import SECRETS, option_values
 from hstu_replay.plan.over_limit import HistoryPolicy
 from hstu_replay.plan.tier_mix import TierMix
-from hstu_replay.plan.tiers import OFFLOAD_CHUNK_TOKENS, OFFLOAD_MODES
+from hstu_replay.plan.tiers import OFFLOAD_MODES
 from hstu_replay.plan.workloads import WORKLOADS, WorkloadKind, natural_workloads, one_of, workload_kind
 from hstu_replay.report.flags import StageRules
 from hstu_replay.report.thresholds import Thresholds, parse_thresholds
+from hstu_replay.verify import DEFAULT_TOLERANCE
 
 
 class Arrival(StrEnum):
@@ -143,10 +146,11 @@ class CacheConfig:
     it (NVIDIA's two tiers), and the tier mix a sessions run is steered to."""
 
     budget_tokens: int = 0  # GPU pool; 0: unbounded
-    page_tokens: int = 32
+    page_tokens: int = DEFAULT_PAGE_TOKENS
     host_budget_tokens: int = 0  # 0: no host tier
     offload_mode: str = "native"
     tier_mix: TierMix | None = None
+    offload_chunk_tokens: int = DEFAULT_OFFLOAD_CHUNK_TOKENS  # the server's native offload chunk
 
     def __post_init__(self):
         if self.budget_tokens < 0 or self.host_budget_tokens < 0:
@@ -154,6 +158,8 @@ class CacheConfig:
                               f"{self.host_budget_tokens}: use 0 or more tokens")
         if self.offload_mode not in OFFLOAD_MODES:
             raise ConfigError(f"--offload-mode {self.offload_mode!r}: use {one_of(OFFLOAD_MODES)}")
+        if self.offload_chunk_tokens < 1:
+            raise ConfigError(f"--offload-chunk-tokens {self.offload_chunk_tokens}: must be at least 1")
 
     @property
     def budgets_given(self) -> bool:
@@ -224,7 +230,7 @@ class CheckConfig:
     """How responses are verified against the references."""
 
     verify_fraction: float = 1.0
-    tolerance: float = 0.0625
+    tolerance: float = DEFAULT_TOLERANCE
 
     def __post_init__(self):
         if not 0.0 <= self.verify_fraction <= 1.0:
@@ -257,9 +263,10 @@ class LoadTestConfig:
         if mix is not None and mix.host and self.cache.offload_mode == "native":
             longest = max(history_tokens(self.data.limits.history_cap(b, self.data.candidates))
                           for b in self.sweep.batches)
-            if longest < OFFLOAD_CHUNK_TOKENS:
+            chunk = self.cache.offload_chunk_tokens
+            if longest < chunk:
                 raise ConfigError(f"--tier-mix {mix_text(mix)}: under --offload-mode native a history reaches the "
-                                  f"host only once it has {OFFLOAD_CHUNK_TOKENS:,} tokens, and the longest sent here "
+                                  f"host only once it has {chunk:,} tokens, and the longest sent here "
                                   f"has {longest} (--max-history {self.data.max_history}): give longer histories, "
                                   "or --offload-mode flexkv where the server offloads after every forward")
 
@@ -291,7 +298,8 @@ class LoadTestConfig:
                           HistoryPolicy.of(v["over_limit"], v["rebase_keep"]), v["working_set"])
         checks = CheckConfig(v["verify_fraction"], v["tolerance"])
         cache = CacheConfig(v["cache_budget_tokens"], v["cache_page_tokens"], v["host_budget_tokens"],
-                            v["offload_mode"], TierMix.parse(v["tier_mix"]) if v["tier_mix"] else None)
+                            v["offload_mode"], TierMix.parse(v["tier_mix"]) if v["tier_mix"] else None,
+                            v["offload_chunk_tokens"])
         if cache.budgets_given:
             cache.check_mix()  # else once the server's control model said its budgets (loadtest.prepare)
         if cache.tier_mix is not None and not kind.steers_tiers:
@@ -321,10 +329,7 @@ class LoadTestConfig:
 
 
 def _float_list(text: str, flag: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(x) for x in str(text).split(",") if x.strip())
-    except ValueError:
-        raise ConfigError(f"{flag} {text!r}: give comma-separated numbers") from None
+    values = numbers(flag, text, blanks=True)
     if not values:
         raise ConfigError(f"{flag} is empty")
     return values
@@ -339,8 +344,9 @@ def _ratios(text: str) -> tuple[float, ...]:
 
 def _batches(text: str) -> tuple[int, ...]:
     sizes = _float_list(text, "--batch-sizes")
-    if any(not 1 <= b <= 8 or b != int(b) for b in sizes):
-        raise ConfigError(f"--batch-sizes {text!r}: whole numbers in 1..8")
+    most = PUBLISHED_LIMITS.max_batch
+    if any(not 1 <= b <= most or b != int(b) for b in sizes):
+        raise ConfigError(f"--batch-sizes {text!r}: whole numbers in 1..{most}")
     return tuple(int(b) for b in sizes)
 
 

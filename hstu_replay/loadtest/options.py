@@ -140,8 +140,11 @@ OPTIONS: tuple[LoadOption, ...] = (
     LoadOption(A.PAGE_TOKENS.but(flag="--cache-page-tokens", help="Server KV-cache page size in tokens"), CACHE),
     LoadOption(_own("--host-budget-tokens", 0, "Server host-tier KV capacity in tokens behind the GPU pool of "
                     "--cache-budget-tokens (0: no host tier)"), CACHE),
-    LoadOption(_own("--offload-mode", "native", "How the server fills its host tier: native (whole chunks of 1,024 "
-                    "tokens, the reference target's default) or flexkv (every user after each forward)"), CACHE),
+    LoadOption(_own("--offload-mode", "native", "How the server fills its host tier: native (whole chunks of "
+                    "--offload-chunk-tokens, the reference target's default) or flexkv (every user after each "
+                    "forward)"), CACHE),
+    LoadOption(A.OFFLOAD_CHUNK_TOKENS.but(help="The server's chunk under --offload-mode native (its "
+                                          "--offload-chunk-tokens; NVIDIA's offload_chunksize)"), CACHE),
     LoadOption(_own("--tier-mix", "", "Sessions: steer users to cache tiers at each stage's hit ratio, e.g. "
                     "gpu:0.6,host:0.3,miss:0.1 (empty: off)"), CACHE),
     LoadOption(_own("--working-set", 0, "Sessions: each virtual user revisits N keys round-robin at a fixed history "

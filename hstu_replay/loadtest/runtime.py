@@ -42,8 +42,9 @@ class ActiveRun:
         placement = prepared.placement
         budget = self.config.cache.budget_tokens
         workers = max(placement.worker_count, 1)
-        self.cache = CacheModel(None if budget <= 0 else budget // workers, self.config.cache.page_tokens,
-                                self.config.cache.host_budget_tokens // workers, self.config.cache.offload_mode)
+        cache = self.config.cache
+        self.cache = CacheModel(None if budget <= 0 else budget // workers, cache.page_tokens,
+                                cache.host_budget_tokens // workers, cache.offload_mode, cache.offload_chunk_tokens)
         self.records = None
         if placement.role.replays:
             self.records = RecordWriter(Path(self.config.report.report_dir),

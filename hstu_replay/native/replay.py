@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hstu_replay.errors import ConfigError, HstuReplayError, InputError
+from hstu_replay.verify import DEFAULT_TOLERANCE
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE_DIR = ROOT / "cpp" / "replay"
 DEFAULT_BUILD_DIR = ROOT / "build" / "replay"
 BINARY_NAME = "hstu_replay_dump"
-DEFAULT_TOLERANCE = 0.0625
 BUILD_TIMEOUT_S = 900.0
 REPLAY_TIMEOUT_S = 600.0
 BUILD_JOBS = 2

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hstu_replay.cache_ledger import pages as pages_of
+from hstu_replay.cache_ledger import DEFAULT_PAGE_TOKENS, pages as pages_of
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,7 +96,8 @@ class Returns:
     largest_pages: int
 
 
-def return_thresholds(keys: np.ndarray, tokens: np.ndarray, bounds: np.ndarray, page_tokens: int = 32) -> Returns:
+def return_thresholds(keys: np.ndarray, tokens: np.ndarray, bounds: np.ndarray,
+                      page_tokens: int = DEFAULT_PAGE_TOKENS) -> Returns:
     """`keys[i]`, `tokens[i]`: the cache key and the tokens it holds after access i, in send order;
     request r is accesses bounds[r]:bounds[r + 1] (distinct keys). A key's tokens never shrink."""
     n = len(keys)
@@ -127,7 +128,8 @@ def return_thresholds(keys: np.ndarray, tokens: np.ndarray, bounds: np.ndarray, 
     return Returns(np.frombuffer(thresholds, dtype=np.int64), np.frombuffer(hits, dtype=np.int64), largest)
 
 
-def cache_curve(keys: np.ndarray, tokens: np.ndarray, bounds: np.ndarray, page_tokens: int = 32) -> CacheCurve:
+def cache_curve(keys: np.ndarray, tokens: np.ndarray, bounds: np.ndarray,
+                page_tokens: int = DEFAULT_PAGE_TOKENS) -> CacheCurve:
     """The curve of a trace (see `return_thresholds` for its layout)."""
     returns = return_thresholds(keys, tokens, bounds, page_tokens)
     order = np.argsort(returns.thresholds, kind="stable")

@@ -4,14 +4,15 @@ budget, a host pool behind it), and keys whose server state is unknown after a f
 
 from __future__ import annotations
 
+from hstu_replay.cache_ledger import DEFAULT_OFFLOAD_CHUNK_TOKENS
 from hstu_replay.plan.tiers import Tier, TierHits, TierModel
 from hstu_replay.request import RequestTensors
 
 
 class CacheModel:
     def __init__(self, budget_tokens: int | None, page_tokens: int, host_budget_tokens: int = 0,
-                 offload_mode: str = "flexkv"):
-        self.tiers = TierModel(budget_tokens, host_budget_tokens, page_tokens, offload_mode)
+                 offload_mode: str = "flexkv", chunk_tokens: int = DEFAULT_OFFLOAD_CHUNK_TOKENS):
+        self.tiers = TierModel(budget_tokens, host_budget_tokens, page_tokens, offload_mode, chunk_tokens)
         self.ledger = self.tiers.gpu
 
     def predict_tiers(self, request: RequestTensors) -> TierHits:

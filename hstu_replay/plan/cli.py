@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 
 from hstu_replay.arguments import (
-    BATCH_SIZE, BUDGETS, CANDIDATES, DUMP_DIR, MAX_HISTORY, MAX_VALUES, OVER_LIMIT, PAGE_TOKENS, REBASE_KEEP,
-    REPLAY_SEED, SMALL_MAX_HISTORY, STORE, TIME_SLICE_MS, TRITON_MODEL, VISITS_PER_REQUEST, Option,
+    BATCH_SIZE, BUDGETS, CANDIDATES, DUMP_DIR, MAX_HISTORY, MAX_VALUES, OFFLOAD_CHUNK_TOKENS, OVER_LIMIT, PAGE_TOKENS,
+    REBASE_KEEP, REPLAY_SEED, SMALL_MAX_HISTORY, STORE, TIME_SLICE_MS, TRITON_MODEL, VISITS_PER_REQUEST, Option,
+    numbers,
 )
 from hstu_replay.errors import ConfigError
-from hstu_replay.interface import INTERFACES, Limits, ModelInterface
+from hstu_replay.interface import INTERFACES, PUBLISHED_LIMITS, Limits, ModelInterface
 from hstu_replay.plan.keys import KeyAllocator
 
 MODELS: dict[str, ModelInterface] = {i.model_name: i for i in INTERFACES.values()}
@@ -38,7 +39,7 @@ def add_commands(groups) -> None:
     Option("--hit-ratio", "target KV-cache hit ratio (default 0.5; 0 for a model without cache)", type=float
            ).add_to(export)
     # perf_analyzer replays one trace file: full requests by default
-    BATCH_SIZE.add_to(export, default=8)
+    BATCH_SIZE.add_to(export, default=PUBLISHED_LIMITS.max_batch)
     Option("--requests", "measured requests; priming requests come on top", 100, int).add_to(export)
     CANDIDATES.add_to(export, help="candidates per user, sessions")
     SMALL_MAX_HISTORY.add_to(export)
@@ -67,8 +68,10 @@ def add_commands(groups) -> None:
     PAGE_TOKENS.add_to(curve)
     Option("--host-budgets", "host-tier budgets (tokens) behind each GPU budget of --budgets: the token hit ratio "
            "per tier over that grid (NVIDIA's cpu_cache_gb is 1 GB)", "", metavar="TOKENS,...").add_to(curve)
-    Option("--offload-mode", "how the host tier is filled: native (whole chunks of 1,024 tokens, the reference "
-           "target's default) or flexkv (every user after each forward)", "native").add_to(curve)
+    Option("--offload-mode", "how the host tier is filled: native (whole chunks of --offload-chunk-tokens, the "
+           "reference target's default) or flexkv (every user after each forward)", "native").add_to(curve)
+    OFFLOAD_CHUNK_TOKENS.add_to(curve, help="--offload-mode native: the server's chunk in tokens (its "
+                                            "--offload-chunk-tokens)")
     curve.set_defaults(func=_cache_curve)
 
 
@@ -81,13 +84,8 @@ def _within(*checks: tuple[str, int, int, int | None]) -> None:
 
 
 def _token_list(flag: str, text: str) -> list[int]:
-    try:
-        values = [int(b) for b in text.split(",") if b.strip()]
-    except ValueError:
-        raise ConfigError(f"{flag} {text!r}: give whole token counts, e.g. 100000,1000000") from None
-    if any(b < 0 for b in values):
-        raise ConfigError(f"{flag} {text!r}: budgets cannot be negative")
-    return values
+    return list(numbers(flag, text, 0, integral=True, blanks=True, digits=True,
+                        form="whole token counts, e.g. 100000,1000000"))
 
 
 def _check(args: argparse.Namespace) -> tuple[ModelInterface, float, Limits]:
@@ -154,7 +152,8 @@ def _cache_curve(args: argparse.Namespace) -> int:
             ("--max-history", args.max_history, 1, None),
             ("--max-values", args.max_values, 1, None),
             ("--time-slice-ms", args.time_slice_ms, 0, None),
-            ("--page-tokens", args.page_tokens, 1, None))
+            ("--page-tokens", args.page_tokens, 1, None),
+            ("--offload-chunk-tokens", args.offload_chunk_tokens, 1, None))
     budgets = _token_list("--budgets", args.budgets)
     host_budgets = _token_list("--host-budgets", args.host_budgets)
     if args.offload_mode not in OFFLOAD_MODES:
@@ -164,7 +163,7 @@ def _cache_curve(args: argparse.Namespace) -> int:
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
         raise ConfigError(f"--out {args.out}: exists and is not a folder")
     options = CurveOptions(args.store, args.candidates, limits, args.batch_size, args.time_slice_ms, args.page_tokens,
-                           HistoryPolicy.of(args.over_limit, args.rebase_keep))
+                           HistoryPolicy.of(args.over_limit, args.rebase_keep), args.offload_chunk_tokens)
     curve, tiers, info = store_curves(options, args.offload_mode if host_budgets else None)
     summary = curve_json(curve, info, options, budgets)
     if tiers is not None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from hstu_replay.data.store import SequenceStore
-from hstu_replay.errors import ConfigError, HstuReplayError
+from hstu_replay.cache_ledger import DEFAULT_OFFLOAD_CHUNK_TOKENS, DEFAULT_PAGE_TOKENS
+from hstu_replay.data.store import open_store
+from hstu_replay.errors import ConfigError
 from hstu_replay.interface import Limits
 from hstu_replay.plan.cache_curve import CacheCurve, cache_curve
 from hstu_replay.plan.over_limit import HistoryPolicy
@@ -25,8 +26,9 @@ class CurveOptions:
     limits: Limits = Limits()
     batch_size: int = 1
     slice_ms: int = 0
-    page_tokens: int = 32
+    page_tokens: int = DEFAULT_PAGE_TOKENS
     policy: HistoryPolicy = HistoryPolicy()
+    offload_chunk_tokens: int = DEFAULT_OFFLOAD_CHUNK_TOKENS  # the host tier's, under native offload
 
 
 def store_curve(options: CurveOptions) -> tuple[CacheCurve, dict]:
@@ -37,10 +39,7 @@ def store_curve(options: CurveOptions) -> tuple[CacheCurve, dict]:
 
 def store_curves(options: CurveOptions, offload_mode: str | None = None) -> tuple[CacheCurve, TierCurve | None, dict]:
     """The one-tier curve of a store's natural replay and, with an offload mode, its two-tier curve."""
-    try:
-        store = SequenceStore.open(options.store)
-    except HstuReplayError as exc:
-        raise ConfigError(f"--store {options.store}: {str(exc).removeprefix(f'{options.store}: ')}") from None
+    store = open_store(options.store)
     if options.limits.history_cap(options.batch_size, options.candidates) < 1:
         raise ConfigError(f"--max-values {options.limits.max_values}: no room for any history at batch "
                           f"{options.batch_size} with --candidates {options.candidates}")
@@ -50,7 +49,8 @@ def store_curves(options: CurveOptions, offload_mode: str | None = None) -> tupl
         raise ConfigError(f"--store {options.store}: no user comes back after a gap of 60 s; nothing to replay")
     bounds = group_requests(trace, options.slice_ms, options.batch_size)
     curve = cache_curve(trace.cache_keys, trace.tokens, bounds, options.page_tokens)
-    tiers = (tier_curve(trace.cache_keys, trace.tokens, bounds, options.page_tokens, offload_mode)
+    tiers = (tier_curve(trace.cache_keys, trace.tokens, bounds, options.page_tokens, offload_mode,
+                        options.offload_chunk_tokens)
              if offload_mode else None)
     seconds = time.perf_counter() - began
     info = {"store": str(options.store), "users": int(len(set(trace.users.tolist()))), "visits": len(trace),

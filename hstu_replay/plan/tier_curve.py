@@ -5,7 +5,7 @@ both), so each is a stack: a returning user is held by a pool exactly when its b
 user's own pages and the current pages of every distinct user seen since its last visit (its
 threshold, `cache_curve.return_thresholds`). The GPU pool holds whole histories; the host pool
 holds what the offload mode put there (`flexkv`: the whole history, the same threshold; `native`:
-whole chunks of 1,024 tokens, its own thresholds over those sizes). NVIDIA's lookup then gives,
+whole chunks of `--offload-chunk-tokens`, its own thresholds over those sizes). NVIDIA's lookup then gives,
 for each return: a GPU hit when the GPU's budget covers its threshold (the GPU copy is never the
 shorter one under either mode); else a host hit when the host's budget covers the host threshold
 and the host holds anything; else a miss. With `flexkv` a host pool no larger than the GPU's adds
@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hstu_replay.cache_ledger import DEFAULT_OFFLOAD_CHUNK_TOKENS, DEFAULT_PAGE_TOKENS
 from hstu_replay.plan.cache_curve import Returns, return_thresholds
-from hstu_replay.plan.tiers import OFFLOAD_MODES
+from hstu_replay.plan.tiers import host_tokens
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,11 +57,14 @@ class TierCurve:
         return [self.point(g, h) for g in gpu_budgets for h in host_budgets]
 
 
-def tier_curve(keys: np.ndarray, tokens: np.ndarray, bounds: np.ndarray, page_tokens: int = 32,
-               offload_mode: str = "flexkv") -> TierCurve:
-    """The two-tier curve of a trace laid out as `cache_curve.return_thresholds` takes it."""
+def tier_curve(keys: np.ndarray, tokens: np.ndarray, bounds: np.ndarray, page_tokens: int = DEFAULT_PAGE_TOKENS,
+               offload_mode: str = "flexkv", chunk_tokens: int = DEFAULT_OFFLOAD_CHUNK_TOKENS) -> TierCurve:
+    """The two-tier curve of a trace laid out as `cache_curve.return_thresholds` takes it. What the
+    host holds after an access depends on its tokens only (under `native` every earlier copy is whole
+    chunks of a shorter history, so the rule gives the same from it as from nothing)."""
     tokens = np.asarray(tokens, dtype=np.int64)
     gpu = return_thresholds(keys, tokens, bounds, page_tokens)
-    offloaded = np.fromiter((OFFLOAD_MODES[offload_mode](int(t)) for t in tokens), dtype=np.int64, count=len(tokens))
+    offloaded = np.fromiter((host_tokens(offload_mode, 0, int(t), chunk_tokens) for t in tokens), dtype=np.int64,
+                            count=len(tokens))
     host = gpu if np.array_equal(offloaded, tokens) else return_thresholds(keys, offloaded, bounds, page_tokens)
     return TierCurve(gpu, host, int(tokens.sum()), page_tokens, offload_mode)

@@ -6,8 +6,10 @@ its sequence is now resident there). What reaches the host depends on the offloa
 
 - `flexkv` (FlexKV): every user of a request is offloaded after its forward pass, so the host
   holds the whole sequence too;
-- `native` (NVIDIA's native host storage): a user is offloaded in whole chunks of 1,024 tokens,
-  once a chunk is complete; the host holds the completed chunks.
+- `native` (NVIDIA's native host storage): a user is offloaded in whole chunks (`--offload-chunk-tokens`,
+  1,024 by default, as the server's), once a chunk is complete; the host holds the completed chunks.
+
+The rule is the server's own (`cache_ledger.OFFLOAD_RULES`, which its host tier applies).
 
 A request's lookup merges the tiers: GPU-only and host-only hits as they are; both: the longer
 one, with no gap (histories start at 0 here, so the merged length is max(host, GPU)). A host
@@ -19,13 +21,12 @@ recomputed: a miss. A host pool of 0 tokens is no host tier: the model is the on
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hstu_replay.cache_ledger import CacheLedger
-
-#: NVIDIA's native host storage offloads once this many tokens are not yet offloaded (offload_chunksize).
-OFFLOAD_CHUNK_TOKENS = 1024
+from hstu_replay.cache_ledger import (
+    DEFAULT_OFFLOAD_CHUNK_TOKENS, DEFAULT_PAGE_TOKENS, OFFLOAD_RULES, CacheLedger, OffloadMode,
+)
 
 
 class Tier(enum.Enum):
@@ -36,19 +37,14 @@ class Tier(enum.Enum):
     MISS = "miss"  # nothing reused: recomputed
 
 
-def offload_after_forward(tokens: int) -> int:
-    return tokens
+#: --offload-mode name -> its mode
+OFFLOAD_MODES: dict[str, OffloadMode] = {m.value: m for m in OffloadMode}
 
 
-def offload_whole_chunks(tokens: int) -> int:
-    return tokens - tokens % OFFLOAD_CHUNK_TOKENS
-
-
-#: --offload-mode name -> tokens the host holds once a user's history is `tokens` long
-OFFLOAD_MODES: dict[str, Callable[[int], int]] = {
-    "flexkv": offload_after_forward,
-    "native": offload_whole_chunks,
-}
+def host_tokens(mode: str, held: int, tokens: int, chunk_tokens: int = DEFAULT_OFFLOAD_CHUNK_TOKENS) -> int:
+    """Tokens the host holds after a forward pass over `tokens` of a user it held `held` of
+    (never fewer than it held)."""
+    return max(held, OFFLOAD_RULES[OFFLOAD_MODES[mode]](held, tokens, chunk_tokens))
 
 
 @dataclass(frozen=True)
@@ -74,11 +70,14 @@ def tier_of(hits: int, host: int) -> Tier:
 class TierModel:
     """GPU pool + host pool, NVIDIA's lookup, onboard and offload rules."""
 
-    def __init__(self, gpu_budget_tokens: int | None, host_budget_tokens: int = 0, page_tokens: int = 32,
-                 offload_mode: str = "flexkv"):
+    def __init__(self, gpu_budget_tokens: int | None, host_budget_tokens: int = 0,
+                 page_tokens: int = DEFAULT_PAGE_TOKENS,
+                 offload_mode: str = "flexkv", chunk_tokens: int = DEFAULT_OFFLOAD_CHUNK_TOKENS):
+        if offload_mode not in OFFLOAD_MODES or chunk_tokens < 1:
+            raise ValueError(f"offload mode {offload_mode!r} with chunks of {chunk_tokens} tokens")
         self.gpu = CacheLedger(gpu_budget_tokens, page_tokens)
         self.host = CacheLedger(host_budget_tokens, page_tokens) if host_budget_tokens > 0 else None
-        self.offloaded = OFFLOAD_MODES[offload_mode]
+        self.offload_mode, self.chunk_tokens = offload_mode, chunk_tokens
 
     def lookup(self, key: int, tokens: int) -> tuple[int, int]:
         """(tokens reused, of which onboarded from the host) for a user of `tokens` history tokens."""
@@ -102,7 +101,8 @@ class TierModel:
         found = [self.lookup(k, t) for k, t in request]  # read before serving: serve checks the request first
         self.gpu.serve(request)
         if self.host is not None:
-            self.host.serve([(k, max(self.offloaded(t), self.host.held(k))) for k, t in request])
+            held = self.host.held
+            self.host.serve([(k, host_tokens(self.offload_mode, held(k), t, self.chunk_tokens)) for k, t in request])
         return TierHits(tuple(h for h, _ in found), tuple(o for _, o in found))
 
     def forget(self, key: int) -> None:

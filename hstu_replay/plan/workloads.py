@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from hstu_replay.errors import ConfigError, HstuReplayError
+from hstu_replay.errors import ConfigError, opened_by_option
 from hstu_replay.interface import Limits
 from hstu_replay.plan.dealer import Dealer
 from hstu_replay.plan.keys import KeyAllocator
@@ -69,11 +69,11 @@ class SessionWorkload:
     flag = "--store"
 
     def __init__(self, options: WorkloadOptions):
-        from hstu_replay.data.store import SequenceStore
+        from hstu_replay.data.store import open_store
         from hstu_replay.plan.sessions import usable_users
 
         self.options = options
-        self.store = _open(self.flag, options.path, SequenceStore.open)
+        self.store = open_store(options.path, self.flag)
         users = usable_users(self.store, options.candidates)
         if not users:
             raise ConfigError(f"--store {options.path}: no user has more than {options.candidates} events; "
@@ -122,7 +122,7 @@ class DumpWorkload:
         from hstu_replay.plan.dumps import dumped_users, pool_identities
 
         self.options = options
-        self.pool = dumped_users(_open(self.flag, options.path, read_dump))
+        self.pool = dumped_users(opened_by_option(self.flag, options.path, read_dump))
         if not self.pool:
             raise ConfigError(f"--dump-dir {options.path}: holds no dumped users")
         self.dealer = Dealer(range(len(self.pool)), options.seed, options.worker_index, options.worker_count,
@@ -162,10 +162,10 @@ class TimelineWorkload:
     flag = "--store"
 
     def __init__(self, options: WorkloadOptions):
-        from hstu_replay.data.store import SequenceStore
+        from hstu_replay.data.store import open_store
 
         self.options = options
-        self.store = _open(self.flag, options.path, SequenceStore.open)
+        self.store = open_store(options.path, self.flag)
         self.timeline = None
 
     def check(self, batch_sizes: tuple[int, ...]) -> None:
@@ -196,16 +196,6 @@ class TimelineWorkload:
         if self.timeline is None:
             raise ConfigError("--workload timeline: checked against a batch size before any source")
         return TimelineSource(self.timeline, keys)
-
-
-def _open(flag: str, path: str, opener: Callable):
-    if not path:
-        raise ConfigError(f"{flag} is required")
-    try:
-        return opener(path)
-    except HstuReplayError as exc:
-        reason = str(exc).removeprefix(f"{path}: ")
-        raise ConfigError(f"{flag} {path}: {reason}") from None
 
 
 @dataclass(frozen=True)

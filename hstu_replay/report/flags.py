@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from hstu_replay.cache_ledger import DEFAULT_PAGE_TOKENS
 from hstu_replay.report.tiers import MIX_TOLERANCE, stage_tiers
 from hstu_replay.stats.run_stats import BinKey, BinStats
 
@@ -33,7 +34,7 @@ FLAG_MEANINGS = {
 @dataclass(frozen=True)
 class StageRules:
     min_requests: int = 30  # measured requests below which a stage is thin
-    page_tokens: int = 32  # the server's cache page: hits are lost and found in pages
+    page_tokens: int = DEFAULT_PAGE_TOKENS  # the server's cache page: hits are lost and found in pages
     client_cpu_bound: float = 0.9  # a load-generator process this busy (1.0 = one core) queues requests
     loop_lag_bound_ms: float = 50.0  # the client's event loop this late (p99) delays sends and receipts
     tier_mix: tuple[tuple[str, float], ...] = ()  # --tier-mix: (tier, share) pairs; a stage is judged on it

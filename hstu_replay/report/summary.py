@@ -15,6 +15,7 @@ from hstu_replay.output.text import NO_VALUE, fmt
 from hstu_replay.report.flags import StageRules, stage_flags
 from hstu_replay.report.tiers import stage_tiers
 from hstu_replay.stats.run_stats import BinKey, BinStats, RunStats
+from hstu_replay.verify import DEFAULT_TOLERANCE
 
 
 def _ratio(part: int, whole: int) -> float:
@@ -125,7 +126,7 @@ def build_report(
     stats: RunStats,
     run: dict,
     server: dict[str, dict] | None = None,
-    tolerance: float = 0.0625,
+    tolerance: float = DEFAULT_TOLERANCE,
     *,
     created: datetime | None = None,
     requested_rps: float | None = None,

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from hstu_replay.arguments import (
-    CANDIDATES, DEVICE, DUMP_BATCH_SIZE, DUMP_BATCHES, DUMP_SEED, MODEL_CONFIG, MODEL_MAX_HISTORY, PAGE_TOKENS,
-    REPOSITORY, STORE, THREADS, WEIGHTS_SEED, Option,
+    CANDIDATES, DEVICE, DUMP_BATCH_SIZE, DUMP_BATCHES, DUMP_SEED, MODEL_CONFIG, MODEL_MAX_HISTORY, OFFLOAD_CHUNK_TOKENS,
+    PAGE_TOKENS, REPOSITORY, STORE, THREADS, WEIGHTS_SEED, Option,
 )
 from hstu_replay.errors import ConfigError
 
@@ -26,7 +26,7 @@ SERVE_OPTIONS = (
     Option("--offload-mode", "when K/V go to the host tier, as NVIDIA's backends do: native (once a whole chunk "
                              "is not yet offloaded, whole chunks) or flexkv (after every forward pass)", "native",
            choices=("native", "flexkv")),
-    Option("--offload-chunk-tokens", "the native mode's chunk (NVIDIA's offload_chunksize)", 1024, int),
+    OFFLOAD_CHUNK_TOKENS,
     Option("--engine", "aoti: the compiled packages, one user at a time; batched: every user of a request in one "
                        "pass over a paged KV pool (the fast path on a GPU; nothing to compile); batched-aoti: that "
                        "pass compiled by AOTInductor into the repository (once; the attention kernel inside on a GPU)",
@@ -177,12 +177,15 @@ def _serve(args) -> int:
 
 
 def _dump(args) -> int:
+    from hstu_replay.cache_ledger import DEFAULT_PAGE_TOKENS
+    from hstu_replay.data.store import open_store
     from hstu_replay.server.build import export_repository, load_engines
     from hstu_replay.server.dump import write_reference_dumps
 
+    open_store(args.store)  # a missing or corrupt store is named before the export
     device = resolve_device(args.device)
     export_repository(args.repository, args.config, args.seed, device)
-    engines = load_engines(args.repository, None, 32, device)
+    engines = load_engines(args.repository, None, DEFAULT_PAGE_TOKENS, device)
     written = write_reference_dumps(engines.uncached, args.store, args.out, args.batches, args.batch_size,
                                     args.candidates, args.max_history, args.dump_seed, args.min_history)
     print(f"hstu-replay: wrote {written} batches to {args.out}", file=sys.stderr)

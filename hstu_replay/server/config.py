@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hstu_replay.errors import ConfigError
-from hstu_replay.interface import NUM_CONTEXT_TOKENS, history_tokens
+from hstu_replay.interface import NUM_CONTEXT_TOKENS, PUBLISHED_LIMITS, history_tokens
 
 DTYPES = ("float32", "bfloat16")
 
@@ -29,7 +29,7 @@ class ModelConfig:
     #: Attention scores are divided by this constant, never by the actual length, so a token's
     #: output does not depend on how much of the sequence was cached.
     attn_normaliser: float = 1.0
-    max_batch: int = 8  # users per request (the published export limit)
+    max_batch: int = PUBLISHED_LIMITS.max_batch  # users per request (the published export limit)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -65,8 +65,8 @@ _KUAIRAND = ModelConfig(
     hidden_dim=512,
     num_heads=4,
     head_dim=128,
-    max_history=4096,
-    max_candidates=100,
+    max_history=PUBLISHED_LIMITS.max_history,
+    max_candidates=PUBLISHED_LIMITS.max_candidates,
     item_table_size=100_000,
     user_table_size=1_000,
     context_table_size=64,

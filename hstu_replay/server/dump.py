@@ -53,11 +53,11 @@ def draw_requests(config: ModelConfig, store_path: str | Path, batches: int, bat
         raise ConfigError(f"--candidates {candidates}: the {config.name} model takes at most {config.max_candidates}")
     store = SequenceStore.open(str(store_path))
     rng = np.random.default_rng(seed)
-    limits = Limits(max_batch=8, max_values=10**7, max_candidates=config.max_candidates, max_history=max_history)
+    limits = Limits(max_values=10**7, max_candidates=config.max_candidates, max_history=max_history)
     requests = []
     for index in range(batches):
         users = draw_users(store, batch_size, candidates, max_history, rng, min_history)
-        users = [replace(u, cache_key=DUMP_KEY_BASE + index * 8 + slot) for slot, u in enumerate(users)]
+        users = [replace(u, cache_key=DUMP_KEY_BASE + index * limits.max_batch + slot) for slot, u in enumerate(users)]
         requests.append(build_request(users, limits))
     return requests
 

@@ -4,7 +4,8 @@ NVIDIA's semantics (recsys-examples at 43465ae: `KVLookupResult.merge` in kvcach
 native host storage, FlexKV), as the reference target serves them:
 - Offload, two modes under NVIDIA's backend names: `flexkv` offloads every user of a request after
   its forward pass (all tokens not yet on the host); `native` offloads only once at least
-  `chunk_tokens` (1,024) tokens are not yet on the host, and then whole chunks of that size.
+  `chunk_tokens` (`--offload-chunk-tokens`) tokens are not yet on the host, and then whole chunks
+  of that size. The rule is `cache_ledger.OFFLOAD_RULES`, the client's tier model's too.
   Offloading copies the K/V out of the primary pool while the request's pages still hold it.
 - Lookup merges the tiers: hit = max(host_len, gpu_len). The primary pool always holds a user
   from its first token (gpu_start 0), so there is never a gap, and NVIDIA's eviction of a user
@@ -20,28 +21,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 
 import torch
 from torch import Tensor
 
-from hstu_replay.cache_ledger import CacheLedger
+from hstu_replay.cache_ledger import DEFAULT_OFFLOAD_CHUNK_TOKENS, OFFLOAD_RULES, CacheLedger, OffloadMode
 from hstu_replay.errors import ConfigError, LimitError
-
-#: NVIDIA's native host storage offloads in chunks of this many tokens (`offload_chunksize`).
-OFFLOAD_CHUNK_TOKENS = 1024
-
-
-class OffloadMode(str, Enum):
-    NATIVE = "native"  # once a whole chunk is not yet on the host, whole chunks
-    FLEXKV = "flexkv"  # after every forward pass, everything not yet on the host
-
-
-#: (tokens on the host, tokens the user has now, chunk) -> tokens on the host after the offload
-OFFLOAD_RULES: dict[OffloadMode, Callable[[int, int, int], int]] = {
-    OffloadMode.NATIVE: lambda held, total, chunk: held + (total - held) // chunk * chunk,
-    OffloadMode.FLEXKV: lambda held, total, chunk: total,
-}
 
 
 @dataclass(frozen=True)
@@ -64,7 +49,7 @@ class HostTierOptions:
 
     budget_tokens: int = 0  # 0: no host tier
     mode: OffloadMode = OffloadMode.NATIVE
-    chunk_tokens: int = OFFLOAD_CHUNK_TOKENS
+    chunk_tokens: int = DEFAULT_OFFLOAD_CHUNK_TOKENS
 
     def __post_init__(self) -> None:
         if self.budget_tokens < 0:
@@ -121,7 +106,7 @@ def sync(device: torch.device) -> None:
 
 class HostTier:
     def __init__(self, budget_tokens: int, page_tokens: int, mode: OffloadMode, layout: KVLayout,
-                 device: str | torch.device, chunk_tokens: int = OFFLOAD_CHUNK_TOKENS) -> None:
+                 device: str | torch.device, chunk_tokens: int = DEFAULT_OFFLOAD_CHUNK_TOKENS) -> None:
         if budget_tokens < 1:
             raise LimitError(f"host tier of {budget_tokens} tokens; give at least 1 (0 means no host tier)")
         if chunk_tokens < 1:

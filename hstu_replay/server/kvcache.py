@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from hstu_replay.cache_ledger import CacheLedger
+from hstu_replay.cache_ledger import DEFAULT_PAGE_TOKENS, CacheLedger
 from hstu_replay.server.host_tier import HostTier, KVLayout, TierLookup, host_stats
 
 
@@ -89,7 +89,7 @@ class Reuse:
 class KVCache:
     """`host`: the tier behind it (None: none); `layout` sizes its memory figures (None: they read -1)."""
 
-    def __init__(self, max_tokens: int | None, page_tokens: int = 32, host: HostTier | None = None,
+    def __init__(self, max_tokens: int | None, page_tokens: int = DEFAULT_PAGE_TOKENS, host: HostTier | None = None,
                  layout: KVLayout | None = None) -> None:
         self.ledger = CacheLedger(max_tokens, page_tokens)
         self.host = host

@@ -29,10 +29,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import hstu_replay
+from hstu_replay.cache_ledger import DEFAULT_OFFLOAD_CHUNK_TOKENS
 from hstu_replay.errors import ServerError
 from hstu_replay.interface import CONTROL_MODEL, KVCACHE, NOCACHE, PYTHON_BACKEND, TensorSpec
 from hstu_replay.process import Child, StartFailed, Stopping, model_ready
-from hstu_replay.server.host_tier import OFFLOAD_CHUNK_TOKENS, HostTierOptions, OffloadMode
+from hstu_replay.server.host_tier import HostTierOptions, OffloadMode
 from hstu_replay.server.phases import phases_every
 from hstu_replay.server.serve import (
     CONTROL_OUTPUTS, ServeOptions, check_ports_free, python_backend_env, run_until_stopped,
@@ -67,7 +68,7 @@ class BackendSettings:
     control_socket: str
     host_budget_tokens: int = 0  # the host tier behind the cache
     offload_mode: str = OffloadMode.NATIVE.value
-    offload_chunk_tokens: int = OFFLOAD_CHUNK_TOKENS
+    offload_chunk_tokens: int = DEFAULT_OFFLOAD_CHUNK_TOKENS
 
     @property
     def host_tier(self) -> HostTierOptions:

@@ -16,6 +16,7 @@ from hstu_replay.data.store import (
     SequenceStore,
     SourceFile,
     checksum,
+    open_store,
     write_store,
 )
 from hstu_replay.errors import ConfigError, InputError
@@ -153,6 +154,17 @@ def test_write_store_rejects_inconsistent_arrays(tmp_path):
 
 
 # --- damaged stores: each a one-line InputError -----------------------------------------------
+
+
+def test_a_store_named_by_an_option_fails_as_one_config_line_naming_it(tmp_path):
+    write_store(tmp_path / "s", **ARRAYS)
+    assert open_store(tmp_path / "s").meta.users == 3
+    for path, flag, message in [(tmp_path / "nope", "--store", f"--store {tmp_path / 'nope'}: no such store directory"),
+                                (tmp_path, "--data", f"--data {tmp_path}: not a sequence store (meta.json missing)"),
+                                ("", "--store", "--store is required")]:
+        with pytest.raises(ConfigError) as info:
+            open_store(path, flag)
+        assert one_line(info) == message and info.value.exit_code == 2
 
 
 def test_missing_directory_and_meta(tmp_path):

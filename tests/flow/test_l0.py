@@ -217,7 +217,7 @@ def test_ctrl_c_tears_the_server_down(tmp_path, compiled_repository, moment):
     (["--config", "nosuch"], "unknown model config 'nosuch'"),
     (["--batches", "1"], "--batches 1: needs a warm-up batch"),
     (["--batch-size", "9"], "--batch-size 9: use 1..8"),
-    (["--store", "/nonexistent/store"], "--store: /nonexistent/store: no such store directory"),
+    (["--store", "/nonexistent/store"], "--store /nonexistent/store: no such store directory"),
     (["--ports", "1,2"], "--ports '1,2': give four port numbers"),
 ])
 def test_bad_input_is_one_line_and_exit_2_before_anything(tmp_path, args, message):

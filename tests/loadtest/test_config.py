@@ -70,6 +70,9 @@ def test_every_workload_names_an_existing_option():
      "only --workload sessions steers"),
     ({"offload_mode": "lazy"}, "--offload-mode 'lazy': use flexkv or native"),
     ({"host_budget_tokens": -1}, "--host-budget-tokens -1: use 0 or more tokens"),
+    ({"offload_chunk_tokens": 0}, "--offload-chunk-tokens 0: must be at least 1"),
+    ({"tier_mix": "gpu:0.6,host:0.4", "cache_budget_tokens": 3000, "host_budget_tokens": 9000, "max_history": 256,
+      "offload_chunk_tokens": 519}, "only once it has 519 tokens, and the longest sent here has 518"),
     ({"tier_mix": "gpu:0.6,host:0.4", "cache_budget_tokens": 3000, "host_budget_tokens": 9000, "max_history": 256},
      "under --offload-mode native a history reaches the host only once it has 1,024 tokens, and the longest sent "
      "here has 518 (--max-history 256)"),
@@ -104,3 +107,11 @@ def test_a_tier_mix_and_the_budgets_the_server_says():
     assert (told.options["cache_budget_tokens"], told.options["host_budget_tokens"]) == (3000, 9000)
     with pytest.raises(ConfigError, match="host hits need --host-budget-tokens"):
         c.with_budgets(3000, 0)
+
+
+def test_the_offload_chunk_reaches_the_cache_section(tmp_path):
+    """A server that offloads in chunks of 512: histories of 518 tokens reach its host, so a host share is allowed."""
+    c = config(workload="sessions", store=str(tmp_path), tier_mix="gpu:0.6,host:0.4", cache_budget_tokens=3000,
+               host_budget_tokens=9000, max_history=256, offload_chunk_tokens=512)
+    assert c.cache.offload_chunk_tokens == 512 and c.options["offload_chunk_tokens"] == 512
+    assert config(workload="dumps", dump_dir=str(tmp_path)).cache.offload_chunk_tokens == 1024

@@ -80,8 +80,8 @@ def test_the_markdown_rows_are_the_readme_layout(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "| option | env | default | meaning |"
     assert {ROW.match(line).group(1) for line in lines[2:]} == {
-        "--cache-budget-tokens", "--cache-page-tokens", "--host-budget-tokens", "--offload-mode", "--tier-mix",
-        "--working-set"}
+        "--cache-budget-tokens", "--cache-page-tokens", "--host-budget-tokens", "--offload-mode",
+        "--offload-chunk-tokens", "--tier-mix", "--working-set"}
 
 
 def test_an_unknown_group_is_one_line_and_exit_2(capsys):

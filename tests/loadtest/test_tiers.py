@@ -110,6 +110,37 @@ def test_the_client_model_predicts_every_request_of_the_reference_targets_two_ti
               f"gpu hit ratio {tiers['gpu_ratio']:.4f} host {tiers['host_ratio']:.4f}")
 
 
+def test_a_server_offloading_in_chunks_of_64_is_predicted_by_a_client_told_its_chunk(compiled_repository,
+                                                                                     sample_store, tmp_path):
+    """The reference target under native offload in chunks of 64 tokens (NVIDIA's default is 1,024):
+    the client given the same --offload-chunk-tokens predicted every request's hits, per tier, as the
+    server reported them, and the host tier served hits (histories of up to 518 tokens fill 64-token
+    chunks; none would reach a 1,024-token one). At hit ratio 0.5 a host copy of h tokens is a hit for
+    a history grown to 2h, which whole chunks of 64 allow."""
+    from tests.conftest import start_server, stop_server
+
+    chunk = ("--offload-mode", "native", "--offload-chunk-tokens", "64")
+    server = start_server(compiled_repository, tmp_path / "server.log", "--engine", "batched",
+                          "--cache-budget-tokens", str(GPU), "--host-budget-tokens", str(HOST), *chunk,
+                          "--threads", "1")
+    try:
+        result = run_locust(tmp_path / "run", "-u", "2", "-r", "2", "--triton-url", server.grpc_url,
+                            "--workload", "sessions", "--store", str(sample_store), "--hit-ratios", "0.5",
+                            "--batch-sizes", "1,4", "--stage-seconds", "6", "--warmup-seconds", "3",
+                            "--max-history", "256", "--tier-mix", "gpu:0.6,host:0.3,miss:0.1", *chunk)
+    finally:
+        stop_server(server)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.report["run"]["options"]["offload_chunk_tokens"] == 64
+    for stage in result.report["stages"]:
+        tiers = stage["tiers"]
+        assert tiers["source"] == "observed" and stage["hit_disagreements"] == 0, stage
+        assert tiers["observed"]["users"] == tiers["predicted"]["users"], tiers
+        assert tiers["observed"]["users"]["host"] > 0 and tiers["host_ratio"] > 0, tiers
+        print(f"{stage['name']}: chunks of 64, mix {tiers['mix']} (observed, predicted alike), "
+              f"gpu hit ratio {tiers['gpu_ratio']:.4f} host {tiers['host_ratio']:.4f}")
+
+
 def test_master_and_workers_steered_to_a_tier_mix_meet_it_and_report_what_the_oracle_saw(oracle_servers,
                                                                                           sample_store, tmp_path):
     """Distributed: each worker steers its users against its share of both pools while the server's pools

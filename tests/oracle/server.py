@@ -182,20 +182,20 @@ class TwoTierCache:
     """A GPU pool and a host pool, each an `OracleCache` with its own budget (NVIDIA's two tiers).
 
     After a request every user of it sits in the GPU pool with its whole history. The host pool gets
-    the whole history after every forward (`flexkv`), or the completed chunks of 1,024 tokens (`native`).
+    the whole history after every forward (`flexkv`), or the completed chunks of `chunk_tokens` (1,024)
+    tokens (`native`).
     A lookup takes the longer of the two copies; when the host's is longer than the GPU's, all of the
     reused tokens count as onboarded from the host.
     """
 
-    CHUNK = 1024
-
     def __init__(self, gpu_budget_tokens: int, host_budget_tokens: int, page_tokens: int = DEFAULT_PAGE_TOKENS,
-                 offload_mode: str = "flexkv") -> None:
+                 offload_mode: str = "flexkv", chunk_tokens: int = 1024) -> None:
         if offload_mode not in ("flexkv", "native"):
             raise ValueError(f"offload mode {offload_mode!r}")
         self.gpu = OracleCache(gpu_budget_tokens, page_tokens)
         self.host = OracleCache(host_budget_tokens, page_tokens)
         self.offload_mode = offload_mode
+        self.chunk = chunk_tokens
         self.last_host_hits: list[int] = []
 
     @property
@@ -220,7 +220,7 @@ class TwoTierCache:
         if self.offload_mode == "flexkv":
             offloaded = list(totals)
         else:
-            offloaded = [t - t % self.CHUNK for t in totals]
+            offloaded = [t - t % self.chunk for t in totals]
         offloaded = [max(o, self.host.held.get(k, 0)) for k, o in zip(keys, offloaded)]
         self.host.apply(keys, offloaded)
         self.last_host_hits = host_hits

@@ -113,6 +113,27 @@ def test_the_two_tier_grid_of_a_store_matches_its_replay_through_a_plain_two_tie
     assert grid[1]["host_ratio"] > 0 and grid[0]["host_ratio"] >= 0  # a host tier above the GPU's adds hits
 
 
+def test_the_native_grid_at_another_offload_chunk_matches_the_plain_two_tier_cache_at_that_chunk(long_store,
+                                                                                                 tmp_path):
+    from tests.oracle.server import TwoTierCache
+
+    proc = _cli("plan", "cache-curve", "--store", str(long_store), "--max-history", "256", "--budgets", "2000",
+                "--host-budgets", "12000", "--offload-mode", "native", "--offload-chunk-tokens", "64",
+                "--out", str(tmp_path / "curve"))
+    assert proc.returncode == 0, proc.stderr
+    (point,) = json.loads((tmp_path / "curve" / "curve.json").read_text())["tiers"]["grid"]
+    trace = build_trace(SequenceStore.open(long_store), 16, Limits(max_history=256), 1)
+    cache = TwoTierCache(2000, 12000, 32, "native", chunk_tokens=64)
+    hits = host = 0
+    for u, t in zip(trace.cache_keys, trace.tokens):
+        hits += cache.apply([int(u)], [int(t)])[0]
+        host += cache.last_host_hits[0]
+    total = int(trace.tokens.sum())
+    assert host > 0 and (point["gpu_ratio"], point["host_ratio"]) == ((hits - host) / total, host / total)
+    refused = _cli("plan", "cache-curve", "--store", str(long_store), "--offload-chunk-tokens", "0")
+    assert refused.returncode == 2 and "--offload-chunk-tokens must be >= 1, got 0" in refused.stderr
+
+
 def test_host_budgets_need_the_gpu_budgets_of_the_grid(long_store):
     proc = _cli("plan", "cache-curve", "--store", str(long_store), "--host-budgets", "3000")
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [

@@ -28,18 +28,18 @@ def _random_trace(rng: random.Random, users: int, requests: int, batch: int, ste
     return out
 
 
-def _curve(requests, mode="flexkv"):
+def _curve(requests, mode="flexkv", *chunk):
     keys = np.array([k for r in requests for k, _ in r])
     tokens = np.array([t for r in requests for _, t in r])
     bounds = np.cumsum([0] + [len(r) for r in requests])
-    return tier_curve(keys, tokens, bounds, PAGE, mode)
+    return tier_curve(keys, tokens, bounds, PAGE, mode, *chunk)
 
 
-def _simulated(requests, gpu: int, host: int, mode: str) -> tuple[int, int]:
+def _simulated(requests, gpu: int, host: int, mode: str, *chunk) -> tuple[int, int]:
     if not host:  # the oracle reads a budget of 0 as unbounded: one tier
         cache = OracleCache(gpu, PAGE)
         return sum(sum(cache.apply([k for k, _ in r], [t for _, t in r])) for r in requests), 0
-    cache = TwoTierCache(gpu, host, PAGE, mode)
+    cache = TwoTierCache(gpu, host, PAGE, mode, *chunk)
     gpu_hits = host_hits = 0
     for request in requests:
         hits = cache.apply([k for k, _ in request], [t for _, t in request])
@@ -80,3 +80,19 @@ def test_every_grid_point_matches_a_plain_two_tier_simulator(seed, batch, mode):
             assert curve.hit_tokens(gpu, host) == want, (gpu, host)
             seen_host += want[1] > 0
     assert seen_host >= 3  # the grid reaches where the host tier matters
+
+
+@pytest.mark.parametrize("chunk", [64, 300])
+def test_a_native_chunk_other_than_the_default_matches_the_simulator_at_that_chunk(chunk):
+    rng = random.Random(chunk)
+    requests = _random_trace(rng, users=40, requests=500, batch=4, step=120, cap=900)  # below 1,024 tokens
+    curve = _curve(requests, "native", chunk)
+    largest = curve.exact_from_tokens
+    seen_host = 0
+    for gpu in (largest, 2 * largest + 3, 4 * largest):
+        for host in (largest, 3 * largest, 8 * largest):
+            want = _simulated(requests, gpu, host, "native", chunk)
+            assert curve.hit_tokens(gpu, host) == want, (gpu, host)
+            seen_host += want[1] > 0
+    assert seen_host >= 3  # with the default chunk no history here reaches the host at all
+    assert _curve(requests, "native").hit_tokens(largest, 8 * largest)[1] == 0

@@ -51,12 +51,12 @@ def test_without_a_host_budget_it_is_the_one_tier_ledger():
     assert tier_of(0, 0) is Tier.MISS and tier_of(5, 0) is Tier.GPU and tier_of(5, 5) is Tier.HOST
 
 
-@pytest.mark.parametrize("mode", ["flexkv", "native"])
+@pytest.mark.parametrize("mode, chunk", [("flexkv", 1024), ("native", 1024), ("native", 100)])
 @pytest.mark.parametrize("gpu, host", [(600, 2000), (2000, 600), (3000, 9000), (0, 4000)])
-def test_request_by_request_the_oracle_two_tier_cache_agrees(mode, gpu, host):
-    rng = random.Random(hash((mode, gpu, host)) % 1000)
-    model = TierModel(gpu or None, host, page_tokens=32, offload_mode=mode)
-    oracle = TwoTierCache(gpu, host, page_tokens=32, offload_mode=mode)
+def test_request_by_request_the_oracle_two_tier_cache_agrees(mode, chunk, gpu, host):
+    rng = random.Random(hash((mode, chunk, gpu, host)) % 1000)
+    model = TierModel(gpu or None, host, page_tokens=32, offload_mode=mode, chunk_tokens=chunk)
+    oracle = TwoTierCache(gpu, host, page_tokens=32, offload_mode=mode, chunk_tokens=chunk)
     held: dict[int, int] = {}
     names = list(range(40))  # a retired key is replaced by a fresh one: keys never shrink
     tiers_seen = set()

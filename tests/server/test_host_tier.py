@@ -5,6 +5,8 @@ from functools import lru_cache
 import numpy as np
 import pytest
 import torch
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 from hstu_replay.errors import ConfigError, LimitError
 from hstu_replay.server.batched import build_batched_engine
@@ -159,3 +161,81 @@ def test_clear_and_a_failed_request_empty_both_tiers():
     stats = eng.cache.stats()
     assert stats["host_resident_tokens"] == stats["offloaded_bytes"] == stats["resident_tokens"] == 0
     assert serve(eng, person(B)).cached_tokens.tolist() == [0]
+
+
+# -- the client's tier model against the server's own cache ------------------------------------
+# The server's per-user cache and host tier (KVCache + HostTier, what the aoti engine serves with),
+# driven with K/V of each user's length and no model; the client's TierModel predicts every request's
+# hits and host part from its own ledgers. The offload rule is shared (cache_ledger.OFFLOAD_RULES); the
+# bookkeeping around it (lookup, onboarding, the GPU pool's eviction) is written apart on each side.
+# The host pool is sized here so that it never evicts: there the two differ (the server offloads one
+# user at a time, so a request's own users are not protected from each other in the host pool; the
+# client's model and the oracle server evict per request).
+
+TINY = KVLayout(1, 1, 1, torch.float32)
+
+
+def server_cache(gpu, host, page, mode, chunk):
+    return KVCache(gpu, page, HostTierOptions(host, mode, chunk).build(page, TINY, "cpu"), TINY)
+
+
+def server_serves(cache, request):
+    """What the engine does with one request: check, begin, then store each user's whole K/V."""
+    keys, totals = [k for k, _ in request], [t for _, t in request]
+    cache.check_request(keys, totals)
+    plan = cache.begin(keys, totals)
+    for key, total in request:
+        kv = torch.zeros(1, total, 1, 1)
+        cache.store(key, kv, kv)
+    return tuple(r.hit for r in plan), tuple(r.onboarded for r in plan)
+
+
+REQUESTS = st.lists(st.lists(st.tuples(st.integers(0, 7), st.sampled_from((0, 1, 5, 30, 64, 200, 700))),
+                             min_size=1, max_size=4, unique_by=lambda user: user[0]), min_size=1, max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(mode=st.sampled_from(list(OffloadMode)), chunk=st.sampled_from((1, 7, 32, 64, 100, 256, 1024)),
+       page=st.sampled_from((1, 8, 32)), gpu=st.integers(0, 3000), requests=REQUESTS)
+def test_the_client_tier_model_predicts_the_server_cache_at_any_chunk(mode, chunk, page, gpu, requests):
+    from hstu_replay.cache_ledger import pages
+    from hstu_replay.plan.tiers import Tier, TierModel
+
+    held: dict[int, int] = {}
+    steps = []
+    for users in requests:
+        request = []
+        for key, growth in users:
+            held[key] = held.get(key, 1) + growth
+            request.append((key, held[key]))
+        steps.append(request)
+    host = page * sum(pages(tokens, page) for tokens in held.values())  # room for every user's longest copy
+    model = TierModel(gpu or None, host, page, mode.value, chunk)
+    cache = server_cache(gpu or None, host, page, mode, chunk)
+    seen = set()
+    for request in steps:
+        predicted = model.serve(request)
+        assert (predicted.hits, predicted.host) == server_serves(cache, request), request
+        assert {k: model.host.held(k) for k in held} == {k: cache.host.held(k) for k in held}, request
+        seen.update(predicted.tiers())
+    assert cache.host.counters.host_evicted_users == 0
+    event(f"tiers seen: {sorted(t.value for t in seen)}")  # --hypothesis-show-statistics
+
+
+def test_a_non_default_chunk_is_predicted_and_the_default_chunk_would_not_be():
+    """Native offload in chunks of 64: a user of 100 tokens has 64 on the host. The client told the
+    server's chunk predicts the host hit the server gives; the default chunk (1,024) predicts a miss."""
+    from hstu_replay.cache_ledger import DEFAULT_OFFLOAD_CHUNK_TOKENS
+    from hstu_replay.plan.tiers import Tier, TierModel
+
+    steps = [[(A, 100)], [(B, 100)], [(A, 110)]]  # GPU pool 4 pages of 32: B pushes A out of it
+    cache = server_cache(128, 1024, PAGE, OffloadMode.NATIVE, 64)
+    told = TierModel(128, 1024, PAGE, "native", 64)
+    default = TierModel(128, 1024, PAGE, "native")
+    assert default.chunk_tokens == DEFAULT_OFFLOAD_CHUNK_TOKENS != 64
+    for request in steps:
+        served = server_serves(cache, request)
+        predicted = told.serve(request)
+        assert (predicted.hits, predicted.host, told.host.held(A)) == (*served, cache.host.held(A))
+        last = default.serve(request)
+    assert served == ((64,), (64,)) and last.tiers() == (Tier.MISS,)
