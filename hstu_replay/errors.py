@@ -46,3 +46,7 @@ class AccessDenied(ServerError):
 
 class ServerUnavailable(ServerError):
     """The server did not take the request at all (connection refused, gRPC UNAVAILABLE)."""
+
+
+class ProtocolError(ServerError):
+    """An answer that breaks its protocol's syntax or framing: the connection is not used again."""

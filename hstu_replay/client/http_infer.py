@@ -5,7 +5,9 @@ A request is a short head, a small JSON inference header, then each input's raw 
 `sendmsg` straight from the numpy pieces the request was laid out from: nothing is joined or
 copied in Python (BENCHMARKS.md, "Load generator cost", has the measurements against
 tritonclient.http and geventhttpclient, which build the body as one bytes object first). The
-response is read into one buffer of its announced size and its outputs are numpy views of it.
+response is read strictly (`http1`: what is not HTTP/1.1 is a ProtocolError, after which the
+connection is dropped and made again) into one buffer of its announced size, and its outputs are
+numpy views of it.
 
 One keep-alive connection, used by one Locust user at a time. Under Locust's monkey-patching
 the socket is gevent's, so a wait yields to the other users.
@@ -23,11 +25,11 @@ from urllib.parse import quote
 import numpy as np
 import orjson
 
+from hstu_replay.client.http1 import Response, read_response
 from hstu_replay.errors import AccessDenied, ServerError, ServerUnavailable
 
 #: Triton datatype -> numpy dtype, for the outputs the HSTU models return.
 DTYPES = {"FP32": np.dtype("<f4"), "INT64": np.dtype("<i8"), "INT32": np.dtype("<i4"), "FP16": np.dtype("<f2")}
-_HEAD_LIMIT = 64 * 1024  # a response head longer than this is not Triton's
 _IDLE_CHECK_S = 1.0  # a connection idle this long is checked for a close by the server before use
 _IOV_MAX = 512  # buffers per sendmsg call (Linux allows 1024)
 _TLS_WRITE = 64 * 1024  # through TLS, buffers smaller than this are gathered into writes of this size
@@ -69,7 +71,7 @@ class HttpInfer:
         start = time.monotonic()
         sock = self._send([head, header, *buffers])
         try:
-            status, fields, body = self._receive(sock)
+            response = self._receive(sock)
         except OSError as exc:
             self.close()  # the connection is in an unknown state
             raise _socket_error(exc) from None
@@ -78,11 +80,11 @@ class HttpInfer:
             raise
         self._used = time.monotonic()
         seconds = self._used - start
-        if fields.get("connection", "").lower() == "close":
+        if response.close:
             self.close()
-        if status != 200:
-            raise _error(status, body)
-        return _outputs(fields, body), seconds
+        if response.status != 200:
+            raise _error(response.status, response.body)
+        return _outputs(response.fields, response.body), seconds
 
     def close(self) -> None:
         if self._sock is not None:
@@ -126,46 +128,12 @@ class HttpInfer:
                     raise _socket_error(exc) from None
         raise AssertionError("unreachable")
 
-    def _receive(self, sock: socket.socket) -> tuple[int, dict[str, str], memoryview]:
-        """Status, header fields (lower-case names) and body of one response."""
+    def _receive(self, sock: socket.socket) -> Response:
+        """One response, checked by `read_response` (strict HTTP/1.1)."""
         data = bytearray(self._pending)
         self._pending = b""
-        end = data.find(b"\r\n\r\n")
-        while end < 0:
-            if len(data) > _HEAD_LIMIT:
-                raise ServerError("response head too long")
-            chunk = _recv(sock, 65536)
-            data += chunk
-            end = data.find(b"\r\n\r\n", max(len(data) - len(chunk) - 3, 0))
-        lines = bytes(data[:end]).decode("latin-1").split("\r\n")
-        try:
-            status = int(lines[0].split(" ", 2)[1])
-        except (IndexError, ValueError):
-            raise ServerError(f"not an HTTP response: {lines[0][:80]!r}") from None
-        fields = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            fields[name.strip().lower()] = value.strip()
-        rest = memoryview(data)[end + 4 :]
-        if "chunked" in fields.get("transfer-encoding", "").lower():
-            body, extra = _read_chunked(sock, bytes(rest))
-        else:
-            try:
-                size = int(fields.get("content-length", ""))
-            except ValueError:
-                raise ServerError("response without Content-Length") from None
-            body = bytearray(size)
-            have = min(len(rest), size)
-            body[:have] = rest[:have]
-            extra = bytes(rest[size:])
-            view = memoryview(body)
-            while have < size:
-                got = sock.recv_into(view[have:], size - have)
-                if not got:
-                    raise ServerUnavailable("connection closed in the middle of a response")
-                have += got
-        self._pending = extra
-        return status, fields, memoryview(body)
+        response, self._pending = read_response(sock, data)
+        return response
 
 
 def send_all(sock: socket.socket, buffers: list) -> None:
@@ -211,34 +179,6 @@ def closed_by_peer(sock: socket.socket) -> bool:
         return bool(readable) and not sock.recv(1, socket.MSG_PEEK)
     except (OSError, ValueError):
         return True
-
-
-def _recv(sock: socket.socket, size: int) -> bytes:
-    chunk = sock.recv(size)
-    if not chunk:
-        raise ServerUnavailable("connection closed before a response")
-    return chunk
-
-
-def _read_chunked(sock: socket.socket, data: bytes) -> tuple[bytearray, bytes]:
-    """A chunked body (RFC 9112 7.1), trailers skipped; returns it and what was read past it."""
-    body, buffer = bytearray(), bytearray(data)
-    while True:
-        while (eol := buffer.find(b"\r\n")) < 0:
-            buffer += _recv(sock, 65536)
-        size = int(bytes(buffer[:eol]).split(b";")[0], 16)
-        del buffer[: eol + 2]
-        if size == 0:
-            while (end := buffer.find(b"\r\n")) != 0:  # trailer lines until an empty one
-                if end < 0:
-                    buffer += _recv(sock, 65536)
-                else:
-                    del buffer[: end + 2]
-            return body, bytes(buffer[2:])
-        while len(buffer) < size + 2:
-            buffer += _recv(sock, max(65536, size + 2 - len(buffer)))
-        body += buffer[:size]
-        del buffer[: size + 2]
 
 
 def _outputs(fields: dict[str, str], body: memoryview) -> dict[str, np.ndarray]:
