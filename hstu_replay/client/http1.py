@@ -32,15 +32,18 @@ _READ = 65536
 _NO_BODY = (204, 304)  # statuses that never carry a body (no 1xx reaches the framing)
 
 _TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_VCHARS = rb"[!-~\x80-\xff]+"
+_FIELD = _TOKEN + rb":[ \t]*(?:" + _VCHARS + rb"(?:[ \t]+" + _VCHARS + rb")*)?[ \t]*"
 _STATUS_LINE = re.compile(rb"HTTP/1\.([0-9]) ([0-9]{3}) [\t !-~\x80-\xff]*")
-_FIELD_LINE = re.compile(rb"(" + _TOKEN + rb"):[ \t]*((?:[!-~\x80-\xff]+(?:[ \t]+[!-~\x80-\xff]+)*)?)[ \t]*")
+_FIELD_LINE = re.compile(_FIELD)
+_FIELD_LINES = re.compile(rb"(?:\r\n" + _FIELD + rb")*")  # every field of a head in one match
 _QUOTED = rb'"(?:[\t !#-\[\]-~\x80-\xff]|\\[\t !-~\x80-\xff])*"'
 _CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:[ \t]*;[ \t]*" + _TOKEN + rb"(?:[ \t]*=[ \t]*(?:" + _TOKEN
                          + rb"|" + _QUOTED + rb"))?)*")
 _VERSION_START = b"HTTP/1."
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Head:
     """A response's status line and header fields, checked, with how its body is framed."""
 
@@ -48,14 +51,6 @@ class Head:
     fields: dict[str, str]  # lower-case names; a repeated field's values joined by ", "
     length: int | None  # the body's bytes; None: chunked
     close: bool  # the server closes the connection after this response
-
-
-@dataclass(frozen=True)
-class Response:
-    status: int
-    fields: dict[str, str]
-    body: memoryview
-    close: bool
 
 
 def fail(what: str) -> ProtocolError:
@@ -68,37 +63,48 @@ def _shown(data: bytes) -> str:
 
 def parse_head(block: bytes) -> Head:
     """A response head without its final CRLF CRLF: the status line and each field line checked."""
-    crlf = block.count(b"\r\n")
-    if block.count(b"\r") != crlf or block.count(b"\n") != crlf:
-        raise fail("a bare CR or LF in the response head")
-    lines = block.split(b"\r\n")
-    status_line = lines[0]
-    if len(status_line) > STATUS_LINE_LIMIT:
-        raise fail(f"a status line of {len(status_line)} bytes (at most {STATUS_LINE_LIMIT})")
-    match = _STATUS_LINE.fullmatch(status_line)
+    first = block.find(b"\r\n")
+    first = len(block) if first < 0 else first
+    if first > STATUS_LINE_LIMIT:
+        raise fail(f"a status line of {first} bytes (at most {STATUS_LINE_LIMIT})")
+    match = _STATUS_LINE.fullmatch(block, 0, first)
     if match is None:
-        raise fail(f"the status line is not HTTP/1.x SP 3DIGIT SP reason: {_shown(status_line)}")
-    if len(lines) - 1 > FIELD_COUNT_LIMIT:
-        raise fail(f"{len(lines) - 1} header fields (at most {FIELD_COUNT_LIMIT})")
-    fields = parse_fields(lines[1:], "header")
+        if b"\r" in block[:first] or b"\n" in block[:first]:
+            raise fail("a bare CR or LF in the status line")
+        raise fail(f"the status line is not HTTP/1.x SP 3DIGIT SP reason: {_shown(block[:first])}")
+    if (count := block.count(b"\r\n")) > FIELD_COUNT_LIMIT:
+        raise fail(f"{count} header fields (at most {FIELD_COUNT_LIMIT})")
+    fields = parse_fields(block, first, "header")
     status = int(match[2])
-    tokens = {t.strip().lower() for t in fields.get("connection", "").split(",")}
+    connection = fields.get("connection")
+    tokens = {t.strip().lower() for t in connection.split(",")} if connection else ()
     close = "close" in tokens or (match[1] == b"0" and "keep-alive" not in tokens)
     return Head(status, fields, None if 100 <= status < 200 else _length(status, fields), close)
 
 
-def parse_fields(lines: list[bytes], where: str) -> dict[str, str]:
-    """Field lines (no CRLF) -> lower-case name: value (OWS stripped; repeats joined by ", ")."""
+def parse_fields(block: bytes, start: int, where: str) -> dict[str, str]:
+    """`block[start:]`, a CRLF before each field line, -> lower-case name: value (OWS stripped;
+    repeats joined by ", "). Checked with one match; only a block that fails it is looked at line by line."""
+    if _FIELD_LINES.fullmatch(block, start) is None:
+        raise _field_fault(block[start:].split(b"\r\n")[1:], where)
     fields: dict[str, str] = {}
-    for line in lines:
-        match = _FIELD_LINE.fullmatch(line)
-        if match is None:
-            if line[:1] in (b" ", b"\t"):
-                raise fail(f"a folded {where} line (obs-fold): {_shown(line)}")
-            raise fail(f"a {where} field that is not token \":\" value: {_shown(line)}")
-        name, value = match[1].decode("ascii").lower(), match[2].decode("latin-1")
+    for line in block[start:].decode("latin-1").split("\r\n")[1:]:
+        name, _, value = line.partition(":")
+        name, value = name.lower(), value.strip(" \t")
         fields[name] = f"{fields[name]}, {value}" if name in fields else value
     return fields
+
+
+def _field_fault(lines: list[bytes], where: str) -> ProtocolError:
+    """The first field line of `lines` that breaks the syntax, named."""
+    for line in lines:
+        if b"\r" in line or b"\n" in line:
+            return fail(f"a bare CR or LF in a {where} field")
+        if _FIELD_LINE.fullmatch(line) is None:
+            if line[:1] in (b" ", b"\t"):
+                return fail(f"a folded {where} line (obs-fold): {_shown(line)}")
+            return fail(f"a {where} field that is not token \":\" value: {_shown(line)}")
+    raise AssertionError("no faulty field line")
 
 
 def _length(status: int, fields: dict[str, str]) -> int | None:
@@ -115,7 +121,10 @@ def _length(status: int, fields: dict[str, str]) -> int | None:
         if status in _NO_BODY:
             return 0
         raise fail("neither Content-Length nor chunked")
-    values = {v.strip() for v in lengths.split(",")}
+    if lengths.isdigit() and lengths.isascii():  # the usual case: one length
+        values = {lengths}
+    else:
+        values = {v.strip() for v in lengths.split(",")}
     if len(values) != 1:
         raise fail(f"differing Content-Lengths {lengths[:40]!r}")
     (value,) = values
@@ -127,9 +136,9 @@ def _length(status: int, fields: dict[str, str]) -> int | None:
     return length
 
 
-def read_response(sock: socket.socket, data: bytearray) -> tuple[Response, bytes]:
-    """One response from `sock`, `data` holding what was read already; returns it and the bytes
-    read past its end. Raises ProtocolError for anything not HTTP/1.1, ServerUnavailable when the
+def read_response(sock: socket.socket, data: bytearray) -> tuple[Head, memoryview, bytes]:
+    """One response from `sock`, `data` holding what was read already; returns its head, its body
+    and the bytes read past its end. Raises ProtocolError for anything not HTTP/1.1, ServerUnavailable when the
     connection closes before the response is whole."""
     while True:
         end = _head_end(sock, data)
@@ -143,7 +152,7 @@ def read_response(sock: socket.socket, data: bytearray) -> tuple[Response, bytes
         body, extra = read_chunked(sock, data)
     else:
         body, extra = _read_sized(sock, data, head.length)
-    return Response(head.status, head.fields, memoryview(body), head.close), extra
+    return head, memoryview(body), extra
 
 
 def _head_end(sock: socket.socket, data: bytearray) -> int:
@@ -207,7 +216,7 @@ def read_chunked(sock: socket.socket, buffer: bytearray) -> tuple[bytearray, byt
         total += len(line) + 2
         if len(trailers) > FIELD_COUNT_LIMIT:
             raise fail(f"more than {FIELD_COUNT_LIMIT} trailer fields")
-    parse_fields(trailers, "trailer")
+    parse_fields(b"".join(b"\r\n" + t for t in trailers), 0, "trailer")
     return body, bytes(buffer)
 
 

@@ -25,7 +25,7 @@ from urllib.parse import quote
 import numpy as np
 import orjson
 
-from hstu_replay.client.http1 import Response, read_response
+from hstu_replay.client.http1 import Head, read_response
 from hstu_replay.errors import AccessDenied, ServerError, ServerUnavailable
 
 #: Triton datatype -> numpy dtype, for the outputs the HSTU models return.
@@ -71,7 +71,7 @@ class HttpInfer:
         start = time.monotonic()
         sock = self._send([head, header, *buffers])
         try:
-            response = self._receive(sock)
+            head, body = self._receive(sock)
         except OSError as exc:
             self.close()  # the connection is in an unknown state
             raise _socket_error(exc) from None
@@ -80,11 +80,11 @@ class HttpInfer:
             raise
         self._used = time.monotonic()
         seconds = self._used - start
-        if response.close:
+        if head.close:
             self.close()
-        if response.status != 200:
-            raise _error(response.status, response.body)
-        return _outputs(response.fields, response.body), seconds
+        if head.status != 200:
+            raise _error(head.status, body)
+        return _outputs(head.fields, body), seconds
 
     def close(self) -> None:
         if self._sock is not None:
@@ -128,12 +128,12 @@ class HttpInfer:
                     raise _socket_error(exc) from None
         raise AssertionError("unreachable")
 
-    def _receive(self, sock: socket.socket) -> Response:
-        """One response, checked by `read_response` (strict HTTP/1.1)."""
+    def _receive(self, sock: socket.socket) -> tuple[Head, memoryview]:
+        """One response, checked by `read_response` (strict HTTP/1.1): its head and body."""
         data = bytearray(self._pending)
         self._pending = b""
-        response, self._pending = read_response(sock, data)
-        return response
+        head, body, self._pending = read_response(sock, data)
+        return head, body
 
 
 def send_all(sock: socket.socket, buffers: list) -> None:
