@@ -25,7 +25,7 @@ from urllib.parse import quote
 import numpy as np
 import orjson
 
-from hstu_replay.client.http1 import Head, read_response
+from hstu_replay.client.http1 import Head, fail, read_response
 from hstu_replay.errors import AccessDenied, ServerError, ServerUnavailable
 
 #: Triton datatype -> numpy dtype, for the outputs the HSTU models return.
@@ -45,7 +45,6 @@ class HttpInfer:
                       f"Content-Type: application/octet-stream\r\n{extra}")
         self._outputs: dict[tuple[str, ...], list[dict]] = {}
         self._sock: socket.socket | None = None
-        self._pending = b""  # bytes read past the last response (none with a well-behaved server)
         self._used = 0.0  # when the connection last carried a response
 
     def infer(self, inputs: Sequence[tuple[str, tuple[np.ndarray, ...]]],
@@ -92,7 +91,7 @@ class HttpInfer:
                 self._sock.close()
             except OSError:
                 pass
-            self._sock, self._pending = None, b""
+            self._sock = None
 
     # -- connection --------------------------------------------------------------------------
 
@@ -129,10 +128,12 @@ class HttpInfer:
         raise AssertionError("unreachable")
 
     def _receive(self, sock: socket.socket) -> tuple[Head, memoryview]:
-        """One response, checked by `read_response` (strict HTTP/1.1): its head and body."""
-        data = bytearray(self._pending)
-        self._pending = b""
-        head, body, self._pending = read_response(sock, data)
+        """One response, checked by `read_response` (strict HTTP/1.1): its head and body. With one
+        request in flight, bytes past the response mean its framing was wrong, and RFC 9112 6.3
+        forbids reading them as a response of their own: the response is refused."""
+        head, body, extra = read_response(sock, bytearray())
+        if extra:
+            raise fail(f"{len(extra)} bytes past the end of a response that announced {len(body)}")
         return head, body
 
 
