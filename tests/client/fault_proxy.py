@@ -1,13 +1,13 @@
 """A TCP proxy on 127.0.0.1 that passes bytes through to a real server and, when armed, spoils
-one answer: the first bytes the server sends after the client has sent something (the start of
-an answer, for a client with one request in flight).
+one answer: the first bytes the server sends after the client sent a request (HTTP/1.1: any bytes;
+HTTP/2: a HEADERS frame), which for a client with one request in flight are the answer's start.
 
 Faults: the connection reset (RST), the answer held back for `stall_s` then the connection
 closed, the answer cut in half then the connection closed, nine junk bytes before it, 3,000
 random bytes in the middle of it, and, for HTTP/2, a frame head announcing one byte more than
 the 16,384 a client allows until it says otherwise, put at the first frame boundary of the
-answer. Faults are armed one answer at a time (`arm`) or for every n-th answer (`arm_every`),
-so a run sees answers spoiled among clean ones; `injected` counts what was done.
+answer. Faults are armed for the next answers (`arm`) or for every n-th answer (`arm_every`),
+so a run sees answers spoiled among clean ones; `injected` lists what was done.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+H2_HEADERS = 0x1
 H2_DEFAULT_FRAME = 16_384  # RFC 9113 4.2: SETTINGS_MAX_FRAME_SIZE until a client announces one
 JUNK_BEFORE = 9  # bytes of junk before an answer
 JUNK_INSIDE = 3_000  # random bytes in the middle of an answer
@@ -35,31 +37,33 @@ class Fault(enum.Enum):
     H2_OVERSIZE = "h2-oversize"
 
 
-class FrameBoundaries:
-    """Where HTTP/2 frames start in the server's byte stream (a server sends no preface)."""
+class Frames:
+    """The frames of one direction of an HTTP/2 connection, followed across chunks (`skip`: bytes
+    before the first frame, the client's 24-byte preface)."""
 
-    def __init__(self):
+    def __init__(self, skip: int = 0):
         self.head = b""  # a frame head read in part
-        self.left = 0  # payload bytes of the current frame not seen yet
+        self.left = skip  # bytes of the current frame's payload (or of the preface) not seen yet
 
-    def first(self, chunk: bytes) -> int | None:
-        """The offset in `chunk` of the first frame that starts in it; the state moves past the chunk."""
-        first, pos = None, 0
+    def scan(self, chunk: bytes) -> tuple[list[int], list[int]]:
+        """Where in `chunk` frames start, and the types of the frames whose heads end in it; the
+        state moves past the chunk."""
+        starts, kinds, pos = [], [], 0
         while pos < len(chunk):
             if self.left:
                 step = min(self.left, len(chunk) - pos)
                 self.left -= step
                 pos += step
                 continue
-            if not self.head and first is None:
-                first = pos
+            if not self.head:
+                starts.append(pos)
             take = chunk[pos:pos + 9 - len(self.head)]
             self.head += take
             pos += len(take)
             if len(self.head) == 9:
-                self.left = int.from_bytes(self.head[:3], "big")
-                self.head = b""
-        return first
+                kinds.append(self.head[3])
+                self.left, self.head = int.from_bytes(self.head[:3], "big"), b""
+        return starts, kinds
 
 
 @dataclass
@@ -68,13 +72,14 @@ class Pair:
 
     client: socket.socket
     server: socket.socket
-    asked: bool = False  # the client sent bytes since the server last answered
-    frames: FrameBoundaries = field(default_factory=FrameBoundaries)
+    asked: bool = False  # the client sent a request since the server last sent anything
+    up: Frames = field(default_factory=lambda: Frames(len(H2_PREFACE)))  # HTTP/2: the client's frames
+    down: Frames = field(default_factory=Frames)  # HTTP/2: the server's
 
 
 class FaultProxy:
-    def __init__(self, upstream: tuple[str, int], stall_s: float = 6.0, seed: int = 0):
-        self.upstream, self.stall_s = upstream, stall_s
+    def __init__(self, upstream: tuple[str, int], h2: bool, stall_s: float = 6.0, seed: int = 0):
+        self.upstream, self.h2, self.stall_s = upstream, h2, stall_s
         self.random = random.Random(seed)
         self.injected: list[Fault] = []
         self.answers = 0
@@ -99,7 +104,7 @@ class FaultProxy:
             self._armed += faults
 
     def arm_every(self, n: int, faults: list[Fault]) -> None:
-        """Spoil every `n`-th answer from now, cycling through `faults`."""
+        """Spoil every `n`-th answer from now with the next of `faults`, each once; then pass through."""
         with self._lock:
             self._every, self.answers = (n, list(faults)), 0
 
@@ -143,13 +148,14 @@ class FaultProxy:
                     data = pair.client.recv(65536)
                     if not data:
                         break
-                    pair.asked = True
+                    # a request: HTTP/1.1 sends nothing else; over HTTP/2, a stream's HEADERS
+                    pair.asked |= not self.h2 or H2_HEADERS in pair.up.scan(data)[1]
                     pair.server.sendall(data)
                 if pair.server in readable:
                     data = pair.server.recv(65536)
                     if not data:
                         break
-                    boundary = pair.frames.first(data)
+                    boundary = pair.down.scan(data)[0][:1] if self.h2 else []
                     fault = self._fault() if pair.asked else None
                     pair.asked = False
                     if fault is None:
@@ -167,13 +173,15 @@ class FaultProxy:
                 fault = self._armed.pop(0)
             elif self._every is not None and self.answers % self._every[0] == 0:
                 n, faults = self._every
-                fault = faults[(self.answers // n - 1) % len(faults)]
+                fault = faults.pop(0)
+                if not faults:
+                    self._every = None
             else:
                 return None
             self.injected.append(fault)
             return fault
 
-    def _spoil(self, pair: Pair, fault: Fault, data: bytes, boundary: int | None) -> bool:
+    def _spoil(self, pair: Pair, fault: Fault, data: bytes, boundary: list[int]) -> bool:
         """Send `data` spoiled by `fault`; False when the connection is to end here."""
         if fault is Fault.RESET:  # closed at once with a zero linger: RST, not FIN
             pair.client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -191,7 +199,7 @@ class FaultProxy:
             middle = len(data) // 2
             pair.client.sendall(data[:middle] + self.random.randbytes(JUNK_INSIDE) + data[middle:])
         elif fault is Fault.H2_OVERSIZE:
-            at = len(data) if boundary is None else boundary
+            at = boundary[0] if boundary else len(data)  # no frame starts in it: after it
             head = (H2_DEFAULT_FRAME + 1).to_bytes(3, "big") + bytes([0, 0]) + (1).to_bytes(4, "big")  # DATA, stream 1
             pair.client.sendall(data[:at] + head + data[at:])
         return True

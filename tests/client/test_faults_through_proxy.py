@@ -78,7 +78,7 @@ def call(client, request) -> np.ndarray:
 @pytest.mark.parametrize("transport, fault", CASES, ids=[f"{t}-{f.value}" for t, f in CASES])
 def test_a_spoiled_answer_fails_its_call_by_name_and_the_next_call_is_served(triton_server, references,
                                                                              transport, fault):
-    proxy = FaultProxy(upstream(triton_server, transport), stall_s=STALL_S)
+    proxy = FaultProxy(upstream(triton_server, transport), transport == "h2", stall_s=STALL_S)
     client = through(proxy, transport)
     try:
         (first, first_logits), (second, _), (third, third_logits) = references[:3]
@@ -102,7 +102,7 @@ def test_faults_among_clean_answers_are_each_one_failure_and_no_answer_is_wrong(
     """Every third call's answer spoiled, cycling through the faults the transport meets: each call
     either fails or returns exactly the reference; failures are as many as faults; then clean."""
     faults = [f for f, named in NAMED.items() if transport in named]
-    proxy = FaultProxy(upstream(triton_server, transport), stall_s=STALL_S)
+    proxy = FaultProxy(upstream(triton_server, transport), transport == "h2", stall_s=STALL_S)
     client = through(proxy, transport)
     failures, served = [], 0
     deadline = time.monotonic() + 3 * len(faults) * (TIMEOUT_S + SLACK_S)
@@ -130,3 +130,52 @@ def test_faults_among_clean_answers_are_each_one_failure_and_no_answer_is_wrong(
     finally:
         client.close()
         proxy.close()
+
+
+@pytest.mark.parametrize("transport", list(TRANSPORTS))
+def test_a_verified_locust_run_through_faults_counts_each_and_serves_again(triton_server, reference_dumps,
+                                                                            tmp_path, transport):
+    """A real headless Locust run of the dumps workload (every answer verified) through the proxy:
+    once it is sending, every third answer is spoiled, one of each fault, then traffic passes
+    cleanly. The run ends by itself; each fault is a failure named by the transport, none is a
+    wrong answer, and requests succeed again within seconds of the proxy turning clean."""
+    import subprocess
+
+    from hstu_replay.loadtest.records import read_records
+    from tests.conftest import ROOT, locust_command, wait_until
+
+    faults = [f for f, named in NAMED.items() if transport in named]
+    protocol = ["--triton-protocol", "http"] if transport == "http" else ["--triton-grpc-transport", "h2"]
+    proxy = FaultProxy(upstream(triton_server, transport), transport == "h2", stall_s=STALL_S)
+    report_dir = tmp_path / "report"
+    run = subprocess.Popen(
+        locust_command("--headless", "--only-summary", "--loglevel", "WARNING", "-u", "1", "-r", "1",
+                       "--report-dir", str(report_dir), "--triton-url", proxy.address, *protocol,
+                       "--triton-timeout", str(TIMEOUT_S), "--workload", "dumps", "--dump-dir", str(reference_dumps),
+                       "--hit-ratios", "0.5", "--batch-sizes", "8", "--stage-seconds", "25", "--warmup-seconds", "1",
+                       "--max-history", "256"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        wait_until(lambda: proxy.answers >= 30, 120, "the run to send through the proxy")
+        proxy.arm_every(3, faults)
+        wait_until(lambda: len(proxy.injected) == len(faults), 60, "every fault to be put in")
+        cleaned = time.time()  # the proxy passes everything through from here
+        _, err = run.communicate(timeout=120)  # the run ends by itself
+    finally:
+        if run.poll() is None:
+            run.kill()
+        proxy.close()
+    assert "Traceback" not in err, err[-3000:]
+    assert run.returncode == 1, err[-2000:]  # failures, no thresholds: Locust's error exit code
+    import json
+
+    report = json.loads((report_dir / "report.json").read_text())
+    assert sum(b["mismatches"] for b in report["bins"]) == 0 and report["verification"]["verified"] > 0
+    records = read_records(report_dir)  # every request sent (warm-up, priming and measured alike)
+    failed = [r["error"] for r in records if not r["ok"] and r["error"] != "not sent: its priming request failed"]
+    assert proxy.injected == faults and len(failed) >= len(faults), (proxy.injected, failed)
+    named = "|".join(NAMED[f][transport] for f in faults)
+    assert all(re.search(named, error) for error in failed), failed
+    assert not any(r.get("mismatch") for r in records)  # no answer came back wrong, checked or not
+    after = sorted(r["t"] for r in records if r["ok"] and r["t"] >= cleaned)
+    assert after and after[0] - cleaned < SLACK_S + TIMEOUT_S, (after[:3], cleaned)
