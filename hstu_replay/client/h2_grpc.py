@@ -10,7 +10,8 @@ The HTTP/2 here is what one unary call at a time needs (RFC 9113): the preface a
 flow-control windows both ways (ours raised at the start so an answer is never stalled; the
 request's DATA follows the server's, Triton announces 4 MiB), PING answered, GOAWAY and
 RST_STREAM turned into errors (a stream the server says it never took is sent again once, on a
-new connection), CONTINUATION and padding read. Header blocks are HPACK by the `hpack` library:
+new connection), CONTINUATION and padding read, a frame longer than the 16,384 bytes our SETTINGS
+allow refused (FRAME_SIZE_ERROR) and its connection dropped. Header blocks are HPACK by the `hpack` library:
 ours never enters the dynamic table, so it is encoded once per transport; the server's are
 decoded in order. The frames are written by hand because the `h2` library's state machine,
 header checks and copies cost about 0.3 ms a call, as much as grpcio (BENCHMARKS.md, "Load
