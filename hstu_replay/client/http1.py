@@ -9,10 +9,11 @@
   (on a status that has a body) is refused;
 - bounds on the status line, the number of fields, the header block and the body.
 
-The header block is found with one `find` and checked with bytes methods and one compiled
-pattern per line, so a response of a few fields costs a handful of C calls: no loop in Python
-goes over its bytes. Interim 1xx responses (other than 101, which nobody asked for) are read and
-skipped, as RFC 9110 15.2 asks of a client.
+The header block is found with one `find` and checked with one compiled pattern for the status
+line and one for all its field lines (line by line only to name a fault), so a response of a few
+fields costs a handful of C calls: no loop in Python goes over its bytes. Interim 1xx responses
+(other than 101, which nobody asked for) are read and skipped, as RFC 9110 15.2 asks of a
+client, up to INTERIM_LIMIT of them.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ FIELD_COUNT_LIMIT = 100  # header fields in one response (and fields in one chun
 HEAD_LIMIT = 64 * 1024  # bytes of a response head (and of a chunked trailer section)
 BODY_LIMIT = 256 * 1024 * 1024  # bytes of a response body: an inference answer is far smaller
 CHUNK_LINE_LIMIT = 1024  # bytes of a chunk-size line, extensions included
+INTERIM_LIMIT = 10  # interim (1xx) responses before the final one
 _READ = 65536
 _NO_BODY = (204, 304)  # statuses that never carry a body (no 1xx reaches the framing)
 
@@ -138,9 +140,9 @@ def _length(status: int, fields: dict[str, str]) -> int | None:
 
 def read_response(sock: socket.socket, data: bytearray) -> tuple[Head, memoryview, bytes]:
     """One response from `sock`, `data` holding what was read already; returns its head, its body
-    and the bytes read past its end. Raises ProtocolError for anything not HTTP/1.1, ServerUnavailable when the
-    connection closes before the response is whole."""
-    while True:
+    and the bytes read past its end. Raises ProtocolError for anything not HTTP/1.1, and
+    ServerUnavailable when the connection closes before the response is whole."""
+    for _ in range(INTERIM_LIMIT + 1):
         end = _head_end(sock, data)
         head = parse_head(bytes(data[:end]))
         del data[: end + 4]
@@ -148,8 +150,10 @@ def read_response(sock: socket.socket, data: bytearray) -> tuple[Head, memoryvie
             raise fail("101 Switching Protocols, and no upgrade was asked for")
         if head.status >= 200:
             break  # 1xx: interim, the final response follows
+    else:
+        raise fail(f"more than {INTERIM_LIMIT} interim (1xx) responses")
     if head.length is None:
-        body, extra = read_chunked(sock, data)
+        body, extra = _read_chunked(sock, data)
     else:
         body, extra = _read_sized(sock, data, head.length)
     return head, memoryview(body), extra
@@ -190,7 +194,7 @@ def _read_sized(sock: socket.socket, data: bytearray, size: int) -> tuple[bytear
     return body, extra
 
 
-def read_chunked(sock: socket.socket, buffer: bytearray) -> tuple[bytearray, bytes]:
+def _read_chunked(sock: socket.socket, buffer: bytearray) -> tuple[bytearray, bytes]:
     """A chunked body (RFC 9112 7.1) and its trailer section (checked, dropped); returns the body
     and what was read past it."""
     body = bytearray()

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hstu_replay.client.http1 import (BODY_LIMIT, CHUNK_LINE_LIMIT, FIELD_COUNT_LIMIT, HEAD_LIMIT, STATUS_LINE_LIMIT,
-                                      parse_head, read_response)
+from hstu_replay.client.http1 import (BODY_LIMIT, CHUNK_LINE_LIMIT, FIELD_COUNT_LIMIT, HEAD_LIMIT, INTERIM_LIMIT,
+                                      STATUS_LINE_LIMIT, parse_head, read_response)
 from hstu_replay.errors import ProtocolError, ServerUnavailable
 
 
@@ -150,10 +150,14 @@ def test_no_content_and_not_modified_have_no_body_and_interim_responses_are_skip
     head, body, _ = read(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: x\r\n\r\n" + SIZED)
     assert head.status == 200 and body == b"hello"
     refused(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n", "101")
+    interim = b"HTTP/1.1 100 Continue\r\n\r\n"
+    assert read(interim * INTERIM_LIMIT + SIZED)[1] == b"hello"
+    refused(interim * (INTERIM_LIMIT + 1) + SIZED, "interim")
 
 
 @pytest.mark.parametrize("connection, version, close", [
-    (b"", b"1.1", False), (b"Connection: close\r\n", b"1.1", True), (b"Connection: Keep-Alive, Close\r\n", b"1.1", True),
+    (b"", b"1.1", False), (b"Connection: close\r\n", b"1.1", True),
+    (b"Connection: Keep-Alive, Close\r\n", b"1.1", True),
     (b"", b"1.0", True), (b"Connection: keep-alive\r\n", b"1.0", False)])
 def test_the_connection_closes_when_the_response_says_so(connection, version, close):
     assert parse_head(b"HTTP/" + version + b" 200 OK\r\n" + connection + b"Content-Length: 0").close is close
