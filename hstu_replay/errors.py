@@ -55,6 +55,10 @@ class ServerUnavailable(ServerError):
     """The server did not take the request at all (connection refused, gRPC UNAVAILABLE)."""
 
 
+class ProtocolError(ServerError):
+    """An answer that breaks its protocol's syntax or framing: the connection is not used again."""
+
+
 def opened_by_option(flag: str, path, opener: Callable[..., T]) -> T:
     """`opener(path)` for the file or folder option `flag` names: a missing, foreign or corrupt one
     (any HstuReplayError of the opener) becomes one ConfigError line naming the option, exit 2."""

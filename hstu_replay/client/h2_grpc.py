@@ -10,7 +10,8 @@ The HTTP/2 here is what one unary call at a time needs (RFC 9113): the preface a
 flow-control windows both ways (ours raised at the start so an answer is never stalled; the
 request's DATA follows the server's, Triton announces 4 MiB), PING answered, GOAWAY and
 RST_STREAM turned into errors (a stream the server says it never took is sent again once, on a
-new connection), CONTINUATION and padding read. Header blocks are HPACK by the `hpack` library:
+new connection), CONTINUATION and padding read, a frame longer than the 16,384 bytes our SETTINGS
+allow refused (FRAME_SIZE_ERROR) and its connection dropped. Header blocks are HPACK by the `hpack` library:
 ours never enters the dynamic table, so it is encoded once per transport; the server's are
 decoded in order. The frames are written by hand because the `h2` library's state machine,
 header checks and copies cost about 0.3 ms a call, as much as grpcio (BENCHMARKS.md, "Load
@@ -34,7 +35,7 @@ import numpy as np
 from hstu_replay.client.grpc_message import (METHOD, STATUS_NAMES, Inputs, Message, RequestEncoder, decode_response,
                                              status_error)
 from hstu_replay.client.http_infer import closed_by_peer, send_all
-from hstu_replay.errors import ServerError, ServerUnavailable
+from hstu_replay.errors import ProtocolError, ServerError, ServerUnavailable
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 5, 6, 7, 8, 9
@@ -42,13 +43,14 @@ END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
 HEADER_TABLE_SIZE, ENABLE_PUSH, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE = 0x1, 0x2, 0x4, 0x5
 REFUSED_STREAM = 0x7
 DEFAULT_WINDOW, DEFAULT_FRAME = 65_535, 16_384  # until the server's SETTINGS say otherwise
+# Our SETTINGS announce no MAX_FRAME_SIZE, so a frame the server sends is at most DEFAULT_FRAME long
+# (RFC 9113 4.2): a longer one is a FRAME_SIZE_ERROR, and the connection is not read further.
 WINDOW = 16 * 1024 * 1024  # our receive windows (connection and streams)
 MAX_WINDOW = 2**31 - 1
 _HEAD = struct.Struct(">HBBBL")  # 24-bit length (16 + 8), type, flags, stream id
 _LAST_STREAM = 2**31 - 1 - 1024  # past this, a new connection (stream ids are never reused)
 _IDLE_CHECK_S = 1.0  # a connection idle this long is checked for a close by the server before use
 _READ = 256 * 1024
-_MAX_FRAME_READ = 16 * 1024 * 1024  # a frame announced longer than this is not a server's
 #: RST_STREAM's HTTP/2 error code -> the gRPC status (grpc/doc/PROTOCOL-HTTP2.md); others: INTERNAL
 RESET_STATUS = {0x8: "CANCELLED", 0xB: "RESOURCE_EXHAUSTED", 0xC: "PERMISSION_DENIED"}
 #: an answer's HTTP status other than 200 -> the gRPC status (grpc/doc/http-grpc-status-mapping.md)
@@ -250,8 +252,9 @@ class Connection:
             while len(buffer) - offset >= 9:
                 high, low, kind, flags, stream = _HEAD.unpack_from(buffer, offset)
                 length = high << 8 | low
-                if length > _MAX_FRAME_READ:
-                    raise ServerError(f"INTERNAL: a frame of {length} bytes: not HTTP/2")
+                if length > DEFAULT_FRAME:
+                    raise ProtocolError(f"INTERNAL: HTTP/2 FRAME_SIZE_ERROR: a frame of {length} bytes, "
+                                        f"over the {DEFAULT_FRAME} this client's SETTINGS allow")
                 end = offset + 9 + length
                 if len(buffer) < end:
                     break

@@ -5,7 +5,9 @@ A request is a short head, a small JSON inference header, then each input's raw 
 `sendmsg` straight from the numpy pieces the request was laid out from: nothing is joined or
 copied in Python (BENCHMARKS.md, "Load generator cost", has the measurements against
 tritonclient.http and geventhttpclient, which build the body as one bytes object first). The
-response is read into one buffer of its announced size and its outputs are numpy views of it.
+response is read strictly (`http1`: what is not HTTP/1.1 is a ProtocolError, after which the
+connection is dropped and made again) into one buffer of its announced size, and its outputs are
+numpy views of it.
 
 One keep-alive connection, used by one Locust user at a time. Under Locust's monkey-patching
 the socket is gevent's, so a wait yields to the other users.
@@ -23,11 +25,11 @@ from urllib.parse import quote
 import numpy as np
 import orjson
 
+from hstu_replay.client.http1 import Head, fail, read_response
 from hstu_replay.errors import AccessDenied, ServerError, ServerUnavailable
 
 #: Triton datatype -> numpy dtype, for the outputs the HSTU models return.
 DTYPES = {"FP32": np.dtype("<f4"), "INT64": np.dtype("<i8"), "INT32": np.dtype("<i4"), "FP16": np.dtype("<f2")}
-_HEAD_LIMIT = 64 * 1024  # a response head longer than this is not Triton's
 _IDLE_CHECK_S = 1.0  # a connection idle this long is checked for a close by the server before use
 _IOV_MAX = 512  # buffers per sendmsg call (Linux allows 1024)
 _TLS_WRITE = 64 * 1024  # through TLS, buffers smaller than this are gathered into writes of this size
@@ -43,7 +45,6 @@ class HttpInfer:
                       f"Content-Type: application/octet-stream\r\n{extra}")
         self._outputs: dict[tuple[str, ...], list[dict]] = {}
         self._sock: socket.socket | None = None
-        self._pending = b""  # bytes read past the last response (none with a well-behaved server)
         self._used = 0.0  # when the connection last carried a response
 
     def infer(self, inputs: Sequence[tuple[str, tuple[np.ndarray, ...]]],
@@ -69,7 +70,7 @@ class HttpInfer:
         start = time.monotonic()
         sock = self._send([head, header, *buffers])
         try:
-            status, fields, body = self._receive(sock)
+            head, body = self._receive(sock)
         except OSError as exc:
             self.close()  # the connection is in an unknown state
             raise _socket_error(exc) from None
@@ -78,11 +79,11 @@ class HttpInfer:
             raise
         self._used = time.monotonic()
         seconds = self._used - start
-        if fields.get("connection", "").lower() == "close":
+        if head.close:
             self.close()
-        if status != 200:
-            raise _error(status, body)
-        return _outputs(fields, body), seconds
+        if head.status != 200:
+            raise _error(head.status, body)
+        return _outputs(head.fields, body), seconds
 
     def close(self) -> None:
         if self._sock is not None:
@@ -90,7 +91,7 @@ class HttpInfer:
                 self._sock.close()
             except OSError:
                 pass
-            self._sock, self._pending = None, b""
+            self._sock = None
 
     # -- connection --------------------------------------------------------------------------
 
@@ -126,46 +127,14 @@ class HttpInfer:
                     raise _socket_error(exc) from None
         raise AssertionError("unreachable")
 
-    def _receive(self, sock: socket.socket) -> tuple[int, dict[str, str], memoryview]:
-        """Status, header fields (lower-case names) and body of one response."""
-        data = bytearray(self._pending)
-        self._pending = b""
-        end = data.find(b"\r\n\r\n")
-        while end < 0:
-            if len(data) > _HEAD_LIMIT:
-                raise ServerError("response head too long")
-            chunk = _recv(sock, 65536)
-            data += chunk
-            end = data.find(b"\r\n\r\n", max(len(data) - len(chunk) - 3, 0))
-        lines = bytes(data[:end]).decode("latin-1").split("\r\n")
-        try:
-            status = int(lines[0].split(" ", 2)[1])
-        except (IndexError, ValueError):
-            raise ServerError(f"not an HTTP response: {lines[0][:80]!r}") from None
-        fields = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            fields[name.strip().lower()] = value.strip()
-        rest = memoryview(data)[end + 4 :]
-        if "chunked" in fields.get("transfer-encoding", "").lower():
-            body, extra = _read_chunked(sock, bytes(rest))
-        else:
-            try:
-                size = int(fields.get("content-length", ""))
-            except ValueError:
-                raise ServerError("response without Content-Length") from None
-            body = bytearray(size)
-            have = min(len(rest), size)
-            body[:have] = rest[:have]
-            extra = bytes(rest[size:])
-            view = memoryview(body)
-            while have < size:
-                got = sock.recv_into(view[have:], size - have)
-                if not got:
-                    raise ServerUnavailable("connection closed in the middle of a response")
-                have += got
-        self._pending = extra
-        return status, fields, memoryview(body)
+    def _receive(self, sock: socket.socket) -> tuple[Head, memoryview]:
+        """One response, checked by `read_response` (strict HTTP/1.1): its head and body. With one
+        request in flight, bytes past the response mean its framing was wrong, and RFC 9112 6.3
+        forbids reading them as a response of their own: the response is refused."""
+        head, body, extra = read_response(sock, bytearray())
+        if extra:
+            raise fail(f"{len(extra)} bytes past the end of a response that announced {len(body)}")
+        return head, body
 
 
 def send_all(sock: socket.socket, buffers: list) -> None:
@@ -211,34 +180,6 @@ def closed_by_peer(sock: socket.socket) -> bool:
         return bool(readable) and not sock.recv(1, socket.MSG_PEEK)
     except (OSError, ValueError):
         return True
-
-
-def _recv(sock: socket.socket, size: int) -> bytes:
-    chunk = sock.recv(size)
-    if not chunk:
-        raise ServerUnavailable("connection closed before a response")
-    return chunk
-
-
-def _read_chunked(sock: socket.socket, data: bytes) -> tuple[bytearray, bytes]:
-    """A chunked body (RFC 9112 7.1), trailers skipped; returns it and what was read past it."""
-    body, buffer = bytearray(), bytearray(data)
-    while True:
-        while (eol := buffer.find(b"\r\n")) < 0:
-            buffer += _recv(sock, 65536)
-        size = int(bytes(buffer[:eol]).split(b";")[0], 16)
-        del buffer[: eol + 2]
-        if size == 0:
-            while (end := buffer.find(b"\r\n")) != 0:  # trailer lines until an empty one
-                if end < 0:
-                    buffer += _recv(sock, 65536)
-                else:
-                    del buffer[: end + 2]
-            return body, bytes(buffer[2:])
-        while len(buffer) < size + 2:
-            buffer += _recv(sock, max(65536, size + 2 - len(buffer)))
-        body += buffer[:size]
-        del buffer[: size + 2]
 
 
 def _outputs(fields: dict[str, str], body: memoryview) -> dict[str, np.ndarray]:

@@ -336,6 +336,52 @@ def test_a_frame_that_cannot_be_read_fails_the_call_and_the_next_one_reconnects(
     assert server.connections == 2
 
 
+@pytest.mark.parametrize("kind", ["DATA", "HEADERS", "PING"])
+def test_a_frame_over_the_frame_size_our_settings_allow_is_refused_at_its_head(serve, kind):
+    """We announce no SETTINGS_MAX_FRAME_SIZE, so 16,384 bytes is the most a frame may carry (RFC
+    9113 4.2): one byte more is refused from its 9-byte head, without waiting for the payload
+    (none follows here), and the next call is on a new connection."""
+    from hstu_replay.client import h2_grpc
+    from hstu_replay.errors import ProtocolError
+
+    def oversize(server, conn, request):
+        return h2_grpc.frame_head(16_385, getattr(h2_grpc, kind), 0, request.stream if kind != "PING" else 0)
+
+    answers = iter([oversize, ok])
+    server = serve(lambda s, c, r: next(answers)(s, c, r))
+    client = server.client(timeout_s=30)
+    start = time.monotonic()
+    with pytest.raises(ProtocolError, match="FRAME_SIZE_ERROR: a frame of 16385 bytes"):
+        client.infer(INPUTS, ("OUTPUT__0",))
+    assert time.monotonic() - start < 5
+    np.testing.assert_array_equal(client.infer(INPUTS, ("OUTPUT__0",))[0]["OUTPUT__0"], LOGITS)
+    assert server.connections == 2
+
+
+def test_a_frame_of_exactly_the_default_frame_size_is_read(serve):
+    """The answer's message in one padded DATA frame of 16,384 bytes (written by hand: `h2` splits
+    what it sends at our frame size), its trailers after it."""
+    import hpack
+
+    from hstu_replay.client import h2_grpc
+
+    logits = np.arange(508 * 8, dtype=np.float32).reshape(508, 8)
+    message = answer_message(logits)
+    pad = h2_grpc.DEFAULT_FRAME - 1 - len(message)
+    assert 0 <= pad <= 255
+
+    def one_full_frame(server, conn, request):
+        conn.send_headers(request.stream, [(b":status", b"200"), (b"content-type", b"application/grpc")])
+        trailers = hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(b"grpc-status", b"0")])
+        return (h2_grpc.frame_head(h2_grpc.DEFAULT_FRAME, h2_grpc.DATA, h2_grpc.PADDED, request.stream)
+                + bytes([pad]) + message + bytes(pad)
+                + h2_grpc.frame_head(len(trailers), h2_grpc.HEADERS, h2_grpc.END_STREAM | h2_grpc.END_HEADERS,
+                                     request.stream) + trailers)
+
+    outputs, _ = serve(one_full_frame).client().infer(INPUTS, ("OUTPUT__0",))
+    np.testing.assert_array_equal(outputs["OUTPUT__0"], logits)
+
+
 @pytest.mark.parametrize("code, text", [(h2.errors.ErrorCodes.CANCEL, "CANCELLED"),
                                         (h2.errors.ErrorCodes.INTERNAL_ERROR, "INTERNAL"),
                                         (h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, "RESOURCE_EXHAUSTED")])

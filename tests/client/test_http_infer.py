@@ -146,3 +146,20 @@ def test_an_idle_connection_closed_by_the_server_is_replaced_before_sending(monk
     outputs, _ = c.infer(INPUTS, ["OUTPUT__0"])  # sent on a new connection, not into the closed one
     np.testing.assert_array_equal(outputs["OUTPUT__0"], LOGITS)
     assert len(server.requests) == 2 and server.connections == 2
+
+
+@pytest.mark.parametrize("reply, text", [
+    (b"\x00junk1234" + binary_answer(), "the status line is not HTTP/1.x"),  # once taken as a 200
+    (binary_answer() + b"HTTP/1.1 200 OK\r\n", "bytes past the end of a response"),
+    (binary_answer().replace(b"Content-Length:", b"Content-Length :"), "not token"),
+    (binary_answer().replace(b"\r\n\r\n", b"\r\nContent-Length: 1\r\n\r\n", 1), "differing Content-Lengths")])
+def test_a_response_that_is_not_http_1_1_is_a_protocol_error_and_the_connection_is_made_again(reply, text):
+    from hstu_replay.errors import ProtocolError
+
+    server = Scripted([reply, binary_answer()])
+    c = client(server)
+    with pytest.raises(ProtocolError, match=text):
+        c.infer(INPUTS, ["OUTPUT__0"])
+    outputs, _ = c.infer(INPUTS, ["OUTPUT__0"])
+    np.testing.assert_array_equal(outputs["OUTPUT__0"], LOGITS)
+    assert server.connections == 2  # not reused after the framing error
