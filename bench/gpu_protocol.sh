@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# NVIDIA's benchmark protocol (`hstu-replay bench protocol`) against the batched target on a GPU,
+# NVIDIA's benchmark protocol (`hstu-replay protocol run`) against the batched target on a GPU,
 # 3 and 8 layers, each served by a real tritonserver on 127.0.0.1 (one server per config).
 #   bash bench/gpu_protocol.sh OUT_DIR [USERS] [RUNS]
 # ENGINE=aoti exports each config with AOTInductor first (`server export`) and serves the packages;
@@ -47,7 +47,7 @@ for cfg in $CONFIGS; do
     for run in $(seq 1 "$RUNS"); do
         echo "== $cfg run $run"
         $PY -m bench.gpu_triton_stats --http-port "$H" --save "$OUT/stats-before.json"
-        $PY -m hstu_replay.cli bench protocol --triton-url "127.0.0.1:$G" --store "$OUT/store" --candidates "$CANDIDATES" \
+        $PY -m hstu_replay.cli protocol run --triton-url "127.0.0.1:$G" --store "$OUT/store" --candidates "$CANDIDATES" \
             --max-history "$HISTORY" --max-values 70000 --out "$OUT/$cfg-run$run" \
             --hardware "$HW; $cfg, $ENGINE engine$( [ "$ENGINE" != aoti ] && echo " $DTYPE") behind $FRONTEND"
         echo "== $cfg run $run: exit $?"

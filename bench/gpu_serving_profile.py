@@ -78,7 +78,7 @@ def in_process(args, cold: list[dict], warm: list[dict]) -> dict:
 
     from hstu_replay.request import RequestTensors
     from hstu_replay.server.batched import build_batched_engine
-    from hstu_replay.server.config import get_config
+    from hstu_replay.server.model_config import get_config
     from hstu_replay.server.model import build_model
     from hstu_replay.server.serve import infer_outputs
 

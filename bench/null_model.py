@@ -84,7 +84,7 @@ def serve_backend(interface: ModelInterface, grpc_port: int, http_port: int, met
                   instances: int = 1) -> None:
     """Host `interface`'s model on the bundled tritonserver directly, `instances` Python-backend
     stubs answering zeros, until SIGTERM; statistics stay open."""
-    from hstu_replay.server.native import (
+    from hstu_replay.server.python_backend import (
         ModelEntry, config_text, import_paths, model_file, prepare_backend, stop_tritonserver, tritonserver,
     )
     from hstu_replay.server.serve import ServeOptions, run_until_stopped

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from bench import harness
 from bench.harness import ROOT, Shape
-from hstu_replay.capacity.workers import DEFAULT_CORE_SHARE, workers_needed
+from hstu_replay.capacity.worker_count import DEFAULT_CORE_SHARE, workers_needed
 from hstu_replay.inspection import HostTimes
 from hstu_replay.interface import KVCACHE
 from hstu_replay.loadtest.command import locust_command

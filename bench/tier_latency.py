@@ -29,7 +29,7 @@ from hstu_replay.cache_ledger import pages
 from hstu_replay.interface import Limits
 from hstu_replay.request import RequestTensors, UserRequest, build_request
 from hstu_replay.server.batched import BatchedEngine, build_batched_engine
-from hstu_replay.server.config import ModelConfig, get_config
+from hstu_replay.server.model_config import ModelConfig, get_config
 from hstu_replay.server.host_tier import HostTierOptions, OffloadMode
 from hstu_replay.server.model import build_model
 from hstu_replay.server.threads import apply_threads

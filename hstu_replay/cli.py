@@ -20,11 +20,11 @@ COMMAND_GROUPS: dict[str, str] = {
     "data": "hstu_replay.data.cli",
     "dump": "hstu_replay.dumps.cli",
     "server": "hstu_replay.server.cli",
-    "native": "hstu_replay.native.cli",
+    "cpp-replay": "hstu_replay.cpp_replay.cli",
     "plan": "hstu_replay.plan.cli",
     "capacity": "hstu_replay.capacity.cli",
     "flow": "hstu_replay.flow.cli",
-    "bench": "hstu_replay.benchmark.cli",
+    "protocol": "hstu_replay.protocol.cli",
     "options": "hstu_replay.loadtest.listing",
 }
 

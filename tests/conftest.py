@@ -80,7 +80,7 @@ def batched_step_repository(tmp_path_factory) -> Path:
     """A repository holding the small config's batched step compiled with AOTInductor (seed 0, pages
     of 32, CPU: what `server serve --engine batched-aoti --config small` looks for), once per session."""
     from hstu_replay.server.build import prepare_engine
-    from hstu_replay.server.config import get_config
+    from hstu_replay.server.model_config import get_config
 
     root = tmp_path_factory.mktemp("batched-repository")
     prepare_engine("batched-aoti", root, get_config("small"), 0, 32, "cpu")

@@ -28,7 +28,7 @@ ALL = list(commands(build_parser()))
 
 def test_the_walk_finds_every_group_and_command():
     names = {" ".join(path) for path, _ in ALL}
-    assert {"", "options", "data", "data synth", "server serve", "capacity natural", "bench protocol"} <= names
+    assert {"", "options", "data", "data synth", "server serve", "capacity natural", "protocol run"} <= names
     assert len(names) > 25
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from hstu_replay.capacity import metrics
 from hstu_replay.capacity.pools import TargetPools, served
 from hstu_replay.capacity.search import Measurement, RatioResult, Slo, StepResult, step_until_breach, summarize
-from hstu_replay.capacity.step import StepRun, fresh_dir
-from hstu_replay.capacity.workers import DEFAULT_CORE_SHARE
+from hstu_replay.capacity.step_run import StepRun, fresh_dir
+from hstu_replay.capacity.worker_count import DEFAULT_CORE_SHARE
 from hstu_replay.errors import ConfigError, ServerError
 from hstu_replay.loadtest.command import headless_command
 

@@ -39,7 +39,7 @@ from hstu_replay.capacity.natural_page import HTML_NAME, render_html
 from hstu_replay.capacity.pools import SERVER_STOP_GRACE_S, TargetPools, served
 from hstu_replay.capacity.search import Measurement, Slo, judge
 from hstu_replay.capacity.shards import combine, spread
-from hstu_replay.capacity.step import StepRun, fresh_dir
+from hstu_replay.capacity.step_run import StepRun, fresh_dir
 from hstu_replay.cache_ledger import DEFAULT_PAGE_TOKENS
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import Limits

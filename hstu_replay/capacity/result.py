@@ -11,7 +11,7 @@ import hstu_replay
 from hstu_replay.capacity.driver import CapacityPlan, CapacityResult
 from hstu_replay.capacity.pools import TargetPools
 from hstu_replay.capacity.search import RatioResult, StepResult, slo_crossing
-from hstu_replay.capacity.workers import plan_workers
+from hstu_replay.capacity.worker_count import plan_workers
 from hstu_replay.output.files import jsonable
 
 #: What a ratio's fleet size means, by where its hits came from.

@@ -10,7 +10,7 @@ from typing import Any
 from hstu_replay.capacity.pools import TargetPools
 from hstu_replay.capacity.result import SERVERS_BASIS, step_dict
 from hstu_replay.capacity.search import StepResult
-from hstu_replay.capacity.workers import MASTER_NOTE
+from hstu_replay.capacity.worker_count import MASTER_NOTE
 from hstu_replay.output.text import NO_VALUE, fmt, format_table
 
 

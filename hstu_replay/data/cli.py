@@ -90,7 +90,7 @@ def _prepare(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     from hstu_replay.data.store import SequenceStore
-    from hstu_replay.data.summary import format_summary, per_user_digest, summarize
+    from hstu_replay.data.inspect import format_summary, per_user_digest, summarize
 
     store = SequenceStore.open(args.store)
     if args.json:

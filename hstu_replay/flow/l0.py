@@ -108,7 +108,7 @@ class FlowFailed(HstuReplayError):
 
 def check_options(options: L0Options) -> None:
     """Everything that makes bad input, before anything is written (ConfigError, exit 2)."""
-    from hstu_replay.server.config import get_config
+    from hstu_replay.server.model_config import get_config
 
     config = get_config(options.config)
     if options.batches < 2:
@@ -228,11 +228,11 @@ def _step(record: FlowRecord, name: str) -> Iterator[None]:
 
 def _prepare(options: L0Options, layout: Layout, record: FlowRecord) -> None:
     from hstu_replay.interface import NOCACHE
-    import hstu_replay.native.replay as native
+    import hstu_replay.cpp_replay.replay as cpp_replay
     from hstu_replay.server.repository import RepositoryLayout
 
     with _step(record, "build"):
-        native.build()
+        cpp_replay.build()
     with _step(record, "export"):
         if options.export_from is not None:
             shutil.copytree(options.export_from, layout.repository)
@@ -246,7 +246,7 @@ def _prepare(options: L0Options, layout: Layout, record: FlowRecord) -> None:
         store = options.store or _synthetic_store(layout, options.dump_seed)
         record.facts["store"] = str(store)
     with _step(record, "dump"):
-        from hstu_replay.server.config import get_config
+        from hstu_replay.server.model_config import get_config
         from hstu_replay.server.dump import draw_requests, write_dump_inputs
 
         requests = draw_requests(get_config(options.config), store, options.batches, options.batch_size,
@@ -254,8 +254,8 @@ def _prepare(options: L0Options, layout: Layout, record: FlowRecord) -> None:
         write_dump_inputs(requests, layout.dump)
     with _step(record, "reference"):
         package = RepositoryLayout(layout.repository).package(NOCACHE)
-        written = native.produce_reference(package, layout.dump)
-        record.facts["reference"] = {"writer": native.BINARY_NAME, "package": str(package), "batches": written}
+        written = cpp_replay.produce_reference(package, layout.dump)
+        record.facts["reference"] = {"writer": cpp_replay.BINARY_NAME, "package": str(package), "batches": written}
 
 
 def _synthetic_store(layout: Layout, seed: int) -> Path:

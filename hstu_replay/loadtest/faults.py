@@ -19,7 +19,7 @@ from pathlib import Path
 import gevent
 import orjson
 
-from hstu_replay.report.workers import joined, loss
+from hstu_replay.report.worker_events import joined, loss
 
 LOST_EXIT_CODE = 4  # the run lost its master (at a worker) or every worker (at a master)
 CHECK_INTERVAL_S = 0.25

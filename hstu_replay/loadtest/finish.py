@@ -7,12 +7,12 @@ from pathlib import Path
 
 from hstu_replay.plan.over_limit import accounts_line
 from hstu_replay.loadtest.faults import LOST_EXIT_CODE
-from hstu_replay.report.tiers import shows_tiers, tier_table
+from hstu_replay.report.tier_section import shows_tiers, tier_table
 from hstu_replay.output.files import jsonable
 from hstu_replay.output.text import format_table
 from hstu_replay.report.summary import build_report, flagged_stages, latency_table
 from hstu_replay.report.thresholds import evaluate, verdict
-from hstu_replay.report.workers import loss_lines, with_workers
+from hstu_replay.report.worker_events import loss_lines, with_workers
 from hstu_replay.report.writers import write_reports
 
 THRESHOLD_EXIT_CODE = 3

@@ -18,8 +18,8 @@ from flask import Response, request
 from hstu_replay.report.html import source_label, tiers_section
 from hstu_replay.output.page import escape
 from hstu_replay.report.summary import goal_name
-from hstu_replay.report.tiers import shows_tiers, tier_columns
-from hstu_replay.report.workers import loss_lines
+from hstu_replay.report.tier_section import shows_tiers, tier_columns
+from hstu_replay.report.worker_events import loss_lines
 
 TAB_KEY = "hstu-hit-ratio"
 TAB_TITLE = "KV-cache hit ratio"

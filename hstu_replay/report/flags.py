@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from hstu_replay.cache_ledger import DEFAULT_PAGE_TOKENS
-from hstu_replay.report.tiers import MIX_TOLERANCE, stage_tiers
+from hstu_replay.report.tier_section import MIX_TOLERANCE, stage_tiers
 from hstu_replay.stats.run_stats import BinKey, BinStats
 
 #: The least distance from its target at which a stage's achieved hit ratio is off target.

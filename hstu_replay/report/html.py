@@ -21,8 +21,8 @@ from hstu_replay.output.text import NO_VALUE, cell, fmt
 from hstu_replay.report.natural import natural_html
 from hstu_replay.report.summary import goal_name, latency_table
 from hstu_replay.report.charts import charts
-from hstu_replay.report.tiers import shows_tiers, tier_table
-from hstu_replay.report.workers import workers_html
+from hstu_replay.report.tier_section import shows_tiers, tier_table
+from hstu_replay.report.worker_events import workers_html
 
 #: Option names whose values are never shown (request headers carry auth tokens).
 SECRET_OPTION = re.compile(r"(^|_)(headers?|token|password|secret|credentials?|auth)$")

@@ -13,7 +13,7 @@ import hstu_replay
 from hstu_replay.output.files import jsonable
 from hstu_replay.output.text import NO_VALUE, fmt
 from hstu_replay.report.flags import StageRules, stage_flags
-from hstu_replay.report.tiers import stage_tiers
+from hstu_replay.report.tier_section import stage_tiers
 from hstu_replay.stats.run_stats import BinKey, BinStats, RunStats
 from hstu_replay.verify import DEFAULT_TOLERANCE
 

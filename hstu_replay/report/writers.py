@@ -15,7 +15,7 @@ from hstu_replay.output.chart import standalone
 from hstu_replay.output.files import atomic_write, json_bytes
 from hstu_replay.report.charts import LATENCY_SVG, chart_files
 from hstu_replay.report.html import render_html
-from hstu_replay.report.tiers import TIER_COLUMNS, shows_tiers, tier_columns
+from hstu_replay.report.tier_section import TIER_COLUMNS, shows_tiers, tier_columns
 
 JSON_NAME = "report.json"
 CSV_NAME = "report.csv"

@@ -32,7 +32,7 @@ from torch import Tensor
 from torch.export import Dim
 
 from hstu_replay.errors import InputError
-from hstu_replay.server.config import ModelConfig
+from hstu_replay.server.model_config import ModelConfig
 from hstu_replay.server.model import MIN_SIZE, HSTUModel, JaggedRanker, KVStep, padded_call, torch_dtype
 
 

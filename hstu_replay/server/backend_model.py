@@ -21,7 +21,7 @@ import triton_python_backend_utils as pb_utils
 
 from hstu_replay.interface import INTERFACES
 from hstu_replay.server.batched import BatchedEngine
-from hstu_replay.server.native import PARAMETER, BackendSettings
+from hstu_replay.server.python_backend import PARAMETER, BackendSettings
 from hstu_replay.server.phases import NO_CLOCK, PhaseClock, phases_every
 from hstu_replay.server.serve import ServeOptions, control_outputs, infer_outputs, start_cache_metrics, wants_clear
 
@@ -31,7 +31,7 @@ CONTROL_TIMEOUT_S = 30.0
 def build_engines(settings: BackendSettings, budget: int):
     from hstu_replay.server.build import ENGINE_KINDS
     from hstu_replay.server.cli import resolve_device
-    from hstu_replay.server.config import get_config
+    from hstu_replay.server.model_config import get_config
 
     config = get_config(settings.config, settings.dtype)
     return ENGINE_KINDS[settings.engine](settings.repository, config, settings.seed, budget, settings.page_tokens,

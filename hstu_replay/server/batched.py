@@ -20,7 +20,7 @@ from torch import Tensor
 
 from hstu_replay.cache_ledger import pages
 from hstu_replay.request import RequestTensors, UserRequest
-from hstu_replay.server.config import ModelConfig
+from hstu_replay.server.model_config import ModelConfig
 from hstu_replay.server.engine import InferResult, check_fits, history_ids
 from hstu_replay.server.host_tier import HostTierOptions, KVLayout
 from hstu_replay.server.model import ITEM_KIND, HSTUModel, history_kinds

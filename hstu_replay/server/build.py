@@ -20,7 +20,7 @@ import torch
 from hstu_replay.errors import ConfigError, InputError
 from hstu_replay.interface import KVCACHE, NOCACHE
 from hstu_replay.server.aoti import export_nocache_package, export_package, load_nocache_package, load_package
-from hstu_replay.server.config import ModelConfig, get_config
+from hstu_replay.server.model_config import ModelConfig, get_config
 from hstu_replay.server.engine import PackagedRanker, RankingEngine
 from hstu_replay.server.host_tier import HostTierOptions, KVLayout
 from hstu_replay.server.kvcache import KVCache

@@ -143,7 +143,7 @@ def _serve(args) -> int:
         raise ConfigError(f"--threads {args.threads}: use 0 (the default policy) or a positive count")
     threads = apply_threads(args.threads)  # before torch's first import: OpenMP reads its environment once
     from hstu_replay.server.build import ENGINE_KINDS, prepare_engine
-    from hstu_replay.server.config import get_config
+    from hstu_replay.server.model_config import get_config
     from hstu_replay.server.host_tier import HostTierOptions, OffloadMode
     from hstu_replay.server.serve import RequiredHeader, ServeOptions, check_ports_free, serve
     from hstu_replay.server.tls_proxy import TlsFiles
@@ -163,7 +163,7 @@ def _serve(args) -> int:
     config = get_config(args.config, args.dtype)
     prepare_engine(args.engine, args.repository, config, args.seed, args.page_tokens, device)
     if args.frontend == "python-backend":
-        from hstu_replay.server.native import BackendSettings, serve_native
+        from hstu_replay.server.python_backend import BackendSettings, serve_native
 
         serve_native(BackendSettings("cached", "", args.engine, str(Path(args.repository).resolve()), args.config, args.dtype,
                                      args.seed, args.cache_budget_tokens, args.page_tokens, device, args.host,

@@ -19,7 +19,7 @@ from hstu_replay.dumps.writer import write_dump_batch, write_feature_keys
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import FEATURE_KEYS, Limits
 from hstu_replay.request import RequestTensors, UserRequest, build_request
-from hstu_replay.server.config import ModelConfig
+from hstu_replay.server.model_config import ModelConfig
 from hstu_replay.server.engine import PackagedRanker
 
 DUMP_KEY_BASE = 1 << 40  # cache keys of dumped users: above any real KuaiRand user id

@@ -17,7 +17,7 @@ import torch
 from hstu_replay.errors import InputError, LimitError
 from hstu_replay.interface import NUM_CONTEXT_TOKENS
 from hstu_replay.request import RequestTensors, UserRequest
-from hstu_replay.server.config import ModelConfig
+from hstu_replay.server.model_config import ModelConfig
 from hstu_replay.server.kvcache import KVCache, Reuse
 from hstu_replay.server.model import Compute, torch_dtype
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hstu_replay.interface import NUM_CONTEXT_TOKENS, NUM_TASKS
-from hstu_replay.server.config import ModelConfig
+from hstu_replay.server.model_config import ModelConfig
 
 ITEM_KIND = NUM_CONTEXT_TOKENS  # token kinds: 0 user id, 1..5 context, 6 item, 7 action
 ACTION_KIND = NUM_CONTEXT_TOKENS + 1

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from hstu_replay.cache_ledger import CacheLedger, pages
 from hstu_replay.errors import LimitError
-from hstu_replay.server.config import ModelConfig
+from hstu_replay.server.model_config import ModelConfig
 from hstu_replay.server.host_tier import HostTier, KVLayout
 from hstu_replay.server.kvcache import CacheCounters, merge_tiers
 

@@ -18,7 +18,7 @@ from hstu_replay.capacity import charts, files, tables
 from hstu_replay.capacity.result import capacity_dict
 from hstu_replay.capacity.cli import plan_from_args
 from hstu_replay.capacity.driver import LOAD_KINDS, CapacityPlan, run_capacity, step_command
-from hstu_replay.capacity.step import measurement_from_report
+from hstu_replay.capacity.step_run import measurement_from_report
 from hstu_replay.capacity.search import Measurement, Slo
 from hstu_replay.cli import build_parser, main
 

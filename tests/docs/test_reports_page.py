@@ -6,7 +6,7 @@ from pathlib import Path
 
 from hstu_replay.report.flags import FLAG_MEANINGS
 from hstu_replay.report.summary import build_report
-from hstu_replay.report.tiers import TIER_COLUMNS
+from hstu_replay.report.tier_section import TIER_COLUMNS
 from hstu_replay.report.writers import report_csv
 from hstu_replay.stats.histogram import LatencyHistogram
 from hstu_replay.stats.run_stats import BinKey, BinStats, RunStats

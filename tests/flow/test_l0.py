@@ -22,7 +22,7 @@ from hstu_replay.cli import main
 from hstu_replay.dumps.archive import read_tensor_file
 from hstu_replay.dumps.reader import read_dump
 from hstu_replay.flow.l0 import MARKER, hit_warnings
-import hstu_replay.native.replay as native
+import hstu_replay.cpp_replay.replay as cpp_replay
 from hstu_replay.process import free_ports, port_free
 from tests.kernel import running  # the kernel's view, not the teardown's psutil
 
@@ -113,7 +113,7 @@ def test_a_wrong_reference_fails_the_flow_naming_the_case_and_a_rerun_starts_cle
     (out / MARKER).write_text("a previous run\n")
     (out / "dump" / "batch_000099_values.pt").write_text("stale")  # a previous run's leftover
     (out / "notes.txt").write_text("not the flow's")
-    produce = native.produce_reference
+    produce = cpp_replay.produce_reference
 
     def produce_then_corrupt(package, dump_dir, **kwargs):
         written = produce(package, dump_dir, **kwargs)
@@ -123,7 +123,7 @@ def test_a_wrong_reference_fails_the_flow_naming_the_case_and_a_rerun_starts_cle
         write_tensor_file(path, read_tensor_file(path) + np.float32(1.0))
         return written
 
-    monkeypatch.setattr(native, "produce_reference", produce_then_corrupt)
+    monkeypatch.setattr(cpp_replay, "produce_reference", produce_then_corrupt)
     code = main(["flow", "l0", "--out", str(out), "--export-from", str(compiled_repository), "--device", "cpu",
                  "--pause", "0"])
     line = capsys.readouterr().out.strip()

@@ -145,7 +145,7 @@ def test_tab_rows_carry_tier_columns_only_where_the_run_has_tiers():
     from hstu_replay.report.flags import StageRules
     from hstu_replay.report.summary import build_report
     from hstu_replay.stats.run_stats import BinKey, RunStats
-    from tests.report.test_tiers import one_tier, tiered_report
+    from tests.report.test_tier_section import one_tier, tiered_report
 
     (row,) = rows(tiered_report())  # 10 users: 7 GPU, 2 host, 1 miss; 350 + 150 of 1,000 tokens
     assert {k: v for k, v in row.items() if k.startswith("tier_")} == {

@@ -11,7 +11,7 @@ from hstu_replay.request import UserRequest, build_request
 from hstu_replay.server.aoti import (
     SHARED_RUNTIME, export_nocache_package, export_package, load_nocache_package, load_package, runtime_link_options,
 )
-from hstu_replay.server.config import get_config
+from hstu_replay.server.model_config import get_config
 from hstu_replay.server.engine import RankingEngine
 from hstu_replay.server.kvcache import KVCache
 from hstu_replay.server.model import EagerCompute, build_model

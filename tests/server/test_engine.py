@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hstu_replay.errors import InputError, LimitError
 from hstu_replay.interface import history_tokens
 from hstu_replay.request import UserRequest, build_request
-from hstu_replay.server.config import get_config
+from hstu_replay.server.model_config import get_config
 from hstu_replay.server.engine import RankingEngine
 from hstu_replay.server.kvcache import KVCache
 from hstu_replay.server.model import EagerCompute, build_model

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from hstu_replay.errors import ConfigError
-from hstu_replay.server.config import CONFIGS, ModelConfig, get_config
+from hstu_replay.server.model_config import CONFIGS, ModelConfig, get_config
 from hstu_replay.server.model import EagerCompute, JaggedRanker, build_model
 
 SMALL = get_config("small")

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from hstu_replay.cache_ledger import pages
 from hstu_replay.errors import LimitError
-from hstu_replay.server.config import get_config
+from hstu_replay.server.model_config import get_config
 from hstu_replay.server.paged_cache import PagedKVCache
 
 # 2 users of at most 46 tokens a request: 2 pages of 32 each, so a request needs at most 4 pages

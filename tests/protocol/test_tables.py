@@ -2,9 +2,9 @@
 
 import pytest
 
-from hstu_replay.benchmark import published
-from hstu_replay.benchmark.passes import PassResult, mean_pass
-from hstu_replay.benchmark.tables import build_protocol_report, flags, render_text
+from hstu_replay.protocol import published
+from hstu_replay.protocol.passes import PassResult, mean_pass
+from hstu_replay.protocol.tables import build_protocol_report, flags, render_text
 
 
 def _pass(model, batch, name, e2e_s, calls=10, cached=None, history=1000, server_calls=None, mismatches=0):

@@ -8,8 +8,8 @@ import pytest
 
 from hstu_replay.client.triton import InferResponse
 from hstu_replay.interface import Limits
-from hstu_replay.benchmark.cases import ProtocolUser, make_cases
-from hstu_replay.benchmark.passes import Caller, run_passes
+from hstu_replay.protocol.cases import ProtocolUser, make_cases
+from hstu_replay.protocol.passes import Caller, run_passes
 from hstu_replay.request import UserRequest
 
 
@@ -46,7 +46,7 @@ def test_wrong_cached_answers_are_mismatches_and_only_the_calls_are_timed():
 
 
 def test_a_count_read_while_the_server_still_books_the_last_call_is_waited_for():
-    from hstu_replay.benchmark.passes import settled_count
+    from hstu_replay.protocol.passes import settled_count
 
     reads = iter([10, 10, 11, 12, 12, 12])  # the server books two late calls
     assert settled_count(lambda: next(reads), at_least=12, poll_s=0.0) == 12

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from hstu_replay.benchmark.tables import backend_rows, hardware_line, scaling_rows
+from hstu_replay.protocol.tables import backend_rows, hardware_line, scaling_rows
 from hstu_replay.output.page import CSS, escape, grid, page
 from hstu_replay.output.text import NO_VALUE
 

@@ -11,7 +11,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from hstu_replay.interface import CONTROL_MODEL, KVCACHE, NOCACHE, PYTHON_BACKEND
-from hstu_replay.server.native import BackendSettings, config_text, model_entries, model_file
+from hstu_replay.server.python_backend import BackendSettings, config_text, model_entries, model_file
 from hstu_replay.server.serve import CONTROL_OUTPUTS
 from tests.conftest import run_locust, start_server, stop_server
 from tests.exposition import exposed

@@ -1,4 +1,4 @@
-"""`hstu-replay bench protocol` against the real target on this machine's CPU (small config).
+"""`hstu-replay protocol run` against the real target on this machine's CPU (small config).
 
 Its figures are checked against what the server itself counted (Triton's statistics, the KV
 cache's Prometheus counter of reused tokens), against what the dump files imply, and against a
@@ -45,7 +45,7 @@ def _hit_tokens(port: int) -> int:
 
 
 def _protocol(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / "hstu-replay"), "bench", "protocol", *args], capture_output=True, text=True,
+    return subprocess.run([str(BIN / "hstu-replay"), "protocol", "run", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
 
 
@@ -106,7 +106,7 @@ def test_protocol_figures_agree_with_the_server_and_the_wall_clock(triton_server
 
 def test_a_killed_run_keeps_what_it_measured(triton_server, reference_dumps, tmp_path):
     out = tmp_path / "out"
-    process = subprocess.Popen([str(BIN / "hstu-replay"), "bench", "protocol", "--triton-url", triton_server.grpc_url,
+    process = subprocess.Popen([str(BIN / "hstu-replay"), "protocol", "run", "--triton-url", triton_server.grpc_url,
                                 "--dump-dir", str(reference_dumps), "--sleep", "0.2", "--out", str(out)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     try:

@@ -1,4 +1,4 @@
-"""`hstu-replay bench protocol`: NVIDIA's published benchmark protocol against a running server.
+"""`hstu-replay protocol run`: NVIDIA's published benchmark protocol against a running server.
 
 Every option is read as text and checked here, before any request: a bad one is one line and
 exit 2. Exit 0: done, every checked answer within tolerance; 1: some answer differed from its
@@ -19,10 +19,10 @@ from hstu_replay.arguments import (
 from hstu_replay.client.triton import ClientOptions, TritonClient
 from hstu_replay.errors import ConfigError, InputError, LimitError
 from hstu_replay.interface import INTERFACES, Limits
-from hstu_replay.benchmark.cases import Case, make_cases, users_from_dumps, users_from_store
-from hstu_replay.benchmark.page import render_protocol_html
-from hstu_replay.benchmark.passes import Caller, PassResult, run_passes
-from hstu_replay.benchmark.tables import build_protocol_report, render_text
+from hstu_replay.protocol.cases import Case, make_cases, users_from_dumps, users_from_store
+from hstu_replay.protocol.page import render_protocol_html
+from hstu_replay.protocol.passes import Caller, PassResult, run_passes
+from hstu_replay.protocol.tables import build_protocol_report, render_text
 from hstu_replay.output.files import atomic_write, json_bytes
 
 DEFAULT_MODELS = "hstu_model,hstu_gr_ranking,hstu_gr_ranking_kvcache"
@@ -31,13 +31,13 @@ JSON_NAME, HTML_NAME = "protocol.json", "protocol.html"
 
 
 def add_commands(groups) -> None:
-    bench = groups.add_parser("bench", help="benchmarks with published protocols",
-                              epilog="example: hstu-replay bench protocol --triton-url 127.0.0.1:8001 "
+    protocol = groups.add_parser("protocol", help="NVIDIA's benchmark protocol against a running server",
+                              epilog="example: hstu-replay protocol run --triton-url 127.0.0.1:8001 "
                                      "--dump-dir runs/dumps")
-    actions = bench.add_subparsers(dest="bench_command", required=True, metavar="ACTION")
-    p = actions.add_parser("protocol", help="NVIDIA's benchmark protocol: backend comparison and batch-size scaling",
+    actions = protocol.add_subparsers(dest="protocol_command", required=True, metavar="ACTION")
+    p = actions.add_parser("run", help="NVIDIA's benchmark protocol: backend comparison and batch-size scaling",
                            description=__doc__.splitlines()[0],
-                           epilog="example: hstu-replay bench protocol --triton-url 127.0.0.1:8001 "
+                           epilog="example: hstu-replay protocol run --triton-url 127.0.0.1:8001 "
                                   "--dump-dir runs/dumps --out runs/protocol")
     TRITON_URL.add_to(p, text=True)
     TRITON_PROTOCOL.add_to(p, text=True)

@@ -8,7 +8,7 @@ from hstu_replay.errors import ConfigError
 from hstu_replay.report.html import render_html
 from hstu_replay.report.summary import build_report
 from hstu_replay.report.thresholds import evaluate, parse_thresholds
-from hstu_replay.report.workers import joined, loss, loss_lines, with_workers
+from hstu_replay.report.worker_events import joined, loss, loss_lines, with_workers
 from hstu_replay.stats.run_stats import BinKey, BinStats, RunStats
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from hstu_replay.report.flags import StageRules, stage_flags
 from hstu_replay.report.summary import build_report
-from hstu_replay.report.tiers import shows_tiers, stage_tiers, tier_table
+from hstu_replay.report.tier_section import shows_tiers, stage_tiers, tier_table
 from hstu_replay.stats.run_stats import BinKey, BinStats, RunStats
 
 

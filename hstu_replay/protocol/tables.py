@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import hstu_replay
-from hstu_replay.benchmark import published
-from hstu_replay.benchmark.passes import CACHED, COLD, PassResult, mean_pass
+from hstu_replay.protocol import published
+from hstu_replay.protocol.passes import CACHED, COLD, PassResult, mean_pass
 from hstu_replay.output.files import jsonable
 from hstu_replay.output.text import NO_VALUE, fmt, format_table
 
@@ -137,7 +137,7 @@ def build_protocol_report(passes: Sequence[PassResult], run: dict, *, backend_ba
                           created: datetime | None = None) -> dict:
     when = (created or datetime.now(timezone.utc)).astimezone(timezone.utc)
     return jsonable({
-        "tool": "hstu-replay bench protocol",
+        "tool": "hstu-replay protocol run",
         "version": hstu_replay.__version__,
         "created": when.isoformat(timespec="seconds"),
         "definition": DEFINITION,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hstu_replay.data.store import DroppedUsers, SequenceStore, SourceFile, write_store
-from hstu_replay.data.summary import format_summary, per_user_digest, summarize
+from hstu_replay.data.inspect import format_summary, per_user_digest, summarize
 
 
 @pytest.fixture

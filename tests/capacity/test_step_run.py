@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hstu_replay.capacity.step import StepRun, fresh_dir
+from hstu_replay.capacity.step_run import StepRun, fresh_dir
 from hstu_replay.errors import ServerError
 
 # Runs until SIGTERM, then writes a report of one bin as Locust's finish does, and exits 0.

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hstu_replay.client.triton import InferResponse
-from hstu_replay.benchmark.cases import Case
+from hstu_replay.protocol.cases import Case
 from hstu_replay.request import RequestTensors
 from hstu_replay.verify import DEFAULT_TOLERANCE, compare
 

@@ -6,7 +6,7 @@ import pytest
 
 from hstu_replay.capacity.tables import worker_line
 from hstu_replay.capacity.search import Measurement, Slo, judge, summarize
-from hstu_replay.capacity.workers import WorkerPlan, plan_workers, workers_needed
+from hstu_replay.capacity.worker_count import WorkerPlan, plan_workers, workers_needed
 
 SLO = Slo(p99_ms=100.0)
 

@@ -16,7 +16,7 @@ from hstu_replay.dumps.archive import read_tensor_file
 from hstu_replay.dumps.reader import read_dump
 from hstu_replay.dumps.writer import write_tensor_file
 from hstu_replay.errors import ConfigError, InputError
-import hstu_replay.native.replay as native
+import hstu_replay.cpp_replay.replay as cpp_replay
 
 SAME_PACKAGE_TOLERANCE = 1e-4  # one package, CPU fp32: the C++ and Python runs agree this closely
 
@@ -27,7 +27,7 @@ def _package(repository: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def replay_binary() -> Path:
-    return native.build()
+    return cpp_replay.build()
 
 
 @pytest.fixture(scope="module")
@@ -35,14 +35,14 @@ def native_dumps(replay_binary, reference_dumps, compiled_repository, tmp_path_f
     """A copy of the reference dumps plus the C++ outputs written as `native_logits`."""
     copy = tmp_path_factory.mktemp("native") / "dumps"
     shutil.copytree(reference_dumps, copy)
-    result = native.replay(_package(compiled_repository), copy, write_reference="native_logits")
+    result = cpp_replay.replay(_package(compiled_repository), copy, write_reference="native_logits")
     assert result.returncode == 0, result.output
     return copy
 
 
 @pytest.mark.integration
 def test_native_replay_passes_on_reference_dumps(replay_binary, reference_dumps, compiled_repository):
-    result = native.replay(_package(compiled_repository), reference_dumps)
+    result = cpp_replay.replay(_package(compiled_repository), reference_dumps)
     references = {b.name: b.logits for b in read_dump(reference_dumps)}
     assert (result.returncode, result.passed, result.failed) == (0, True, ())
     assert [b.name for b in result.batches] == sorted(references) and len(result.batches) == 6
@@ -90,7 +90,7 @@ def test_native_produces_the_reference_of_a_dump_without_one(replay_binary, refe
     originals = {p.name: read_tensor_file(p) for p in bare.glob("batch_*_compiled_logits.pt")}
     for name in originals:
         (bare / name).unlink()
-    assert main(["native", "replay", "--repository", str(compiled_repository), "--dump-dir", str(bare),
+    assert main(["cpp-replay", "run", "--repository", str(compiled_repository), "--dump-dir", str(bare),
                  "--produce-reference"]) == 0
     assert capsys.readouterr().out == f"hstu-replay: wrote compiled_logits for 6 batches into {bare}\n"
     assert sorted(p.name for p in bare.glob("batch_*_compiled_logits.pt")) == sorted(originals)
@@ -98,12 +98,12 @@ def test_native_produces_the_reference_of_a_dump_without_one(replay_binary, refe
         produced = read_tensor_file(bare / name)
         assert produced.dtype == np.float32 and produced.shape == python_logits.shape
         np.testing.assert_allclose(produced, python_logits, rtol=0, atol=SAME_PACKAGE_TOLERANCE)
-    assert native.replay(_package(compiled_repository), bare).passed
+    assert cpp_replay.replay(_package(compiled_repository), bare).passed
 
     # A dump that already has references is refused before anything is written.
     (bare / "batch_000004_compiled_logits.pt").unlink()
     with pytest.raises(InputError, match="batch_000000 already has reference logits") as refused:
-        native.produce_reference(_package(compiled_repository), bare)
+        cpp_replay.produce_reference(_package(compiled_repository), bare)
     assert "\n" not in str(refused.value)
     assert not (bare / "batch_000004_compiled_logits.pt").exists()
 
@@ -120,7 +120,7 @@ def test_native_replay_fails_on_a_corrupted_dump_naming_the_batch(replay_binary,
     logits_1 = corrupted / "batch_000001_compiled_logits.pt"
     write_tensor_file(logits_1, read_tensor_file(logits_1)[:-1].copy())  # one row short
 
-    result = native.replay(_package(compiled_repository), corrupted)
+    result = cpp_replay.replay(_package(compiled_repository), corrupted)
     assert (result.returncode, result.passed, result.failed) == (2, False, ("batch_000001", "batch_000003"))
     by_name = {b.name: b for b in result.batches}
     assert by_name["batch_000003"].max_abs_diff == pytest.approx(1.0, abs=SAME_PACKAGE_TOLERANCE)
@@ -129,19 +129,19 @@ def test_native_replay_fails_on_a_corrupted_dump_naming_the_batch(replay_binary,
     assert "batch_000001 max_abs_diff=inf" in result.output and "shape=128x8 reference_shape=127x8" in result.output
 
     # The command line prints the program's lines and exits with its code.
-    code = main(["native", "replay", "--repository", str(compiled_repository), "--dump-dir", str(corrupted)])
+    code = main(["cpp-replay", "run", "--repository", str(compiled_repository), "--dump-dir", str(corrupted)])
     out = capsys.readouterr().out
     assert code == 2
     assert any(line.startswith("batch_000003 max_abs_diff=1 ") and line.endswith(" FAIL") for line in out.splitlines())
     assert out.splitlines()[-1].startswith("summary batches=6 failed=2 ")
     assert out.splitlines()[-1].endswith(" FAIL")
     # A looser tolerance accepts the +1.0 logit, never the missing row.
-    assert native.replay(_package(compiled_repository), corrupted, tolerance=1.5).failed == ("batch_000001",)
+    assert cpp_replay.replay(_package(compiled_repository), corrupted, tolerance=1.5).failed == ("batch_000001",)
 
 
 @pytest.mark.integration
 def test_native_cli_replay_of_a_repository_passes(replay_binary, reference_dumps, compiled_repository, capsys):
-    code = main(["native", "replay", "--repository", str(compiled_repository), "--dump-dir", str(reference_dumps),
+    code = main(["cpp-replay", "run", "--repository", str(compiled_repository), "--dump-dir", str(reference_dumps),
                  "--tolerance", "0.0001"])
     lines = capsys.readouterr().out.splitlines()
     assert code == 0
@@ -151,15 +151,15 @@ def test_native_cli_replay_of_a_repository_passes(replay_binary, reference_dumps
 @pytest.mark.integration  # builds the C++ replay (about 45 s on a CPU)
 def test_native_io_and_usage_errors_are_one_line(replay_binary, tmp_path, capsys):
     with pytest.raises(InputError, match="no such dump directory") as missing:
-        native.replay(tmp_path / "model.pt2", tmp_path / "absent")
+        cpp_replay.replay(tmp_path / "model.pt2", tmp_path / "absent")
     with pytest.raises(InputError, match="would overwrite the dump's own tensors") as reserved:
-        native.replay(tmp_path / "model.pt2", tmp_path, write_reference="compiled_logits")
+        cpp_replay.replay(tmp_path / "model.pt2", tmp_path, write_reference="compiled_logits")
     (tmp_path / "batch_000000_values.pt").write_bytes(b"not a zip")
     with pytest.raises(InputError, match="no AOTInductor package there") as no_package:
-        native.replay(tmp_path / "model.pt2", tmp_path)
+        cpp_replay.replay(tmp_path / "model.pt2", tmp_path)
     for error in (missing, reserved, no_package):
         assert "\n" not in str(error.value)
-    assert main(["native", "replay", "--package", str(tmp_path / "model.pt2"), "--dump-dir", str(tmp_path)]) == 1
+    assert main(["cpp-replay", "run", "--package", str(tmp_path / "model.pt2"), "--dump-dir", str(tmp_path)]) == 1
     assert capsys.readouterr().err.count("\n") == 1
 
 
@@ -167,7 +167,7 @@ def test_native_io_and_usage_errors_are_one_line(replay_binary, tmp_path, capsys
 def test_native_build_is_cached(replay_binary):
     stamp = replay_binary.stat().st_mtime_ns
     started = time.perf_counter()
-    assert native.build() == replay_binary
+    assert cpp_replay.build() == replay_binary
     assert time.perf_counter() - started < 1.0
     assert replay_binary.stat().st_mtime_ns == stamp
 
@@ -178,16 +178,16 @@ def test_native_build_without_a_compiler_is_one_line(tmp_path, monkeypatch, caps
     monkeypatch.setenv("PATH", str(empty))
     monkeypatch.delenv("CXX", raising=False)
     with pytest.raises(ConfigError) as no_compiler:
-        native.build(tmp_path / "fresh")
+        cpp_replay.build(tmp_path / "fresh")
     assert str(no_compiler.value).startswith("no C++ compiler found (install g++")
     monkeypatch.setenv("CXX", str(tmp_path / "nonexistent" / "g++"))
     with pytest.raises(ConfigError, match="^no C\\+\\+ compiler found: CXX=") as bad_cxx:
-        native.build(tmp_path / "fresh")
+        cpp_replay.build(tmp_path / "fresh")
     for error in (no_compiler, bad_cxx):
         assert "\n" not in str(error.value)
     assert not (tmp_path / "fresh").exists()
 
-    assert main(["native", "build", "--build-dir", str(tmp_path / "fresh")]) == 2
+    assert main(["cpp-replay", "build", "--build-dir", str(tmp_path / "fresh")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("hstu-replay: error: no C++ compiler found") and err.count("\n") == 1
 
@@ -195,11 +195,11 @@ def test_native_build_without_a_compiler_is_one_line(tmp_path, monkeypatch, caps
 def test_native_failed_build_reports_the_compiler_error(tmp_path, monkeypatch):
     sources = tmp_path / "src"
     sources.mkdir()
-    shutil.copy(native.SOURCE_DIR / "CMakeLists.txt", sources)
+    shutil.copy(cpp_replay.SOURCE_DIR / "CMakeLists.txt", sources)
     (sources / "hstu_replay_dump.cpp").write_text("#error broken on purpose\nint main() { return 0; }\n")
-    monkeypatch.setattr(native, "SOURCE_DIR", sources)
+    monkeypatch.setattr(cpp_replay, "SOURCE_DIR", sources)
     with pytest.raises(ConfigError) as failed:
-        native.build(tmp_path / "build")
+        cpp_replay.build(tmp_path / "build")
     message = str(failed.value)
     assert "\n" not in message
     assert message.startswith("the C++ replay build failed while compiling: ")
@@ -217,7 +217,7 @@ def test_native_failed_build_reports_the_compiler_error(tmp_path, monkeypatch):
     ("", "no output"),
 ])
 def test_native_last_error_line(output, expected):
-    assert native.last_error_line(output) == expected
+    assert cpp_replay.last_error_line(output) == expected
 
 
 def test_an_aborted_replay_keeps_its_last_words():
@@ -226,8 +226,8 @@ def test_an_aborted_replay_keeps_its_last_words():
               "  what():  Expected all tensors to be on the same device\\n\"); sys.stderr.flush(); os.abort()")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.returncode == -6
-    assert native.failure_line(proc) == ("hstu_replay_dump was killed by signal 6: what():  Expected all tensors "
+    assert cpp_replay.failure_line(proc) == ("hstu_replay_dump was killed by signal 6: what():  Expected all tensors "
                                          "to be on the same device")
     silent = subprocess.run([sys.executable, "-c", "import os; os.abort()"], capture_output=True, text=True,
                             timeout=60)
-    assert native.failure_line(silent) == "hstu_replay_dump was killed by signal 6"
+    assert cpp_replay.failure_line(silent) == "hstu_replay_dump was killed by signal 6"

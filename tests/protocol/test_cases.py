@@ -5,7 +5,7 @@ import pytest
 
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import Limits
-from hstu_replay.benchmark.cases import KEY_BASE, ProtocolUser, make_cases, users_from_store
+from hstu_replay.protocol.cases import KEY_BASE, ProtocolUser, make_cases, users_from_store
 from hstu_replay.request import UserRequest
 
 
