@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "reference"
 HELP_WIDTH = 100  # columns argparse wraps the help at
 REGENERATE = "python docs/gen/reference.py"
+#: how the page writes this checkout's path (a default such as the C++ build directory), wherever it lies
+CHECKOUT = "<checkout>"
 
 
 def options_page() -> str:
@@ -67,6 +69,11 @@ def commands_page() -> str:
     os.environ["COLUMNS"] = str(HELP_WIDTH)  # argparse reads the width when it formats
     try:
         for prog, parser in _commands(build_parser(), "hstu-replay"):
+            for action in parser._actions:  # a path under the checkout, written wherever it lies (before wrapping)
+                if isinstance(action.default, (str, Path)) and str(ROOT) in str(action.default):
+                    action.default = str(action.default).replace(str(ROOT), CHECKOUT)
+                if action.help and str(ROOT) in action.help:
+                    action.help = action.help.replace(str(ROOT), CHECKOUT)
             lines += [f"## `{prog}`", "", "```text", parser.format_help().rstrip(), "```", ""]
     finally:
         if columns is None:
