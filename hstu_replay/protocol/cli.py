@@ -32,8 +32,8 @@ JSON_NAME, HTML_NAME = "protocol.json", "protocol.html"
 
 def add_commands(groups) -> None:
     protocol = groups.add_parser("protocol", help="NVIDIA's benchmark protocol against a running server",
-                              epilog="example: hstu-replay protocol run --triton-url 127.0.0.1:8001 "
-                                     "--dump-dir runs/dumps")
+                                 epilog="example: hstu-replay protocol run --triton-url 127.0.0.1:8001 "
+                                        "--dump-dir runs/dumps")
     actions = protocol.add_subparsers(dest="protocol_command", required=True, metavar="ACTION")
     p = actions.add_parser("run", help="NVIDIA's benchmark protocol: backend comparison and batch-size scaling",
                            description=__doc__.splitlines()[0],
