@@ -149,12 +149,12 @@ REBASE_KEEP = Option("--rebase-keep", "--over-limit rebase: the fraction of the 
 
 # the requests
 HIT_RATIOS = Option("--hit-ratios", "target KV-cache hit ratios, one stage (or search) each", "0,0.5,1.0")
-_BATCHES = f"1..{PUBLISHED_LIMITS.max_batch}"
-BATCH_SIZE = Option("--batch-size", f"users per request, {_BATCHES}", 1, int)
+BATCH_RANGE = f"1..{PUBLISHED_LIMITS.max_batch}"  # the batch sizes a request may have, as help texts write them
+BATCH_SIZE = Option("--batch-size", f"users per request, {BATCH_RANGE}", 1, int)
 #: natural replay: requests group the visits of one time slice, up to this many
-VISITS_PER_REQUEST = BATCH_SIZE.but(help=f"most visits per request, {_BATCHES}")
+VISITS_PER_REQUEST = BATCH_SIZE.but(help=f"most visits per request, {BATCH_RANGE}")
 #: the load test's sweep
-BATCH_SIZES = Option("--batch-sizes", f"users per request ({_BATCHES}), one sweep each", "1")
+BATCH_SIZES = Option("--batch-sizes", f"users per request ({BATCH_RANGE}), one sweep each", "1")
 #: the published protocol's batch-size scaling table
 SCALING_BATCH_SIZES = BATCH_SIZES.but(help="batch sizes of the scaling table", default="1,2,4,8")
 TIME_SLICE_MS = Option("--time-slice-ms", "visits of one slice of log time share a request (0: one visit each)", 0,

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from hstu_replay.capacity.natural_page import HTML_NAME, render_html
-from hstu_replay.capacity.pools import SERVER_STOP_GRACE_S, TargetPools, served
+from hstu_replay.capacity.pools import TargetPools, served
 from hstu_replay.capacity.search import Measurement, Slo, judge
 from hstu_replay.capacity.shards import combine, spread
 from hstu_replay.capacity.step_run import StepRun, fresh_dir
@@ -45,6 +45,7 @@ from hstu_replay.errors import ConfigError
 from hstu_replay.interface import Limits
 from hstu_replay.loadtest.command import headless_command
 from hstu_replay.plan.over_limit import HistoryPolicy, accounts_line
+from hstu_replay.process import STOP_GRACE_S
 
 RESULT_JSON = "capacity_natural.json"
 
@@ -215,7 +216,7 @@ def run_natural_step(plan: NaturalPlan, budget: int, servers: int, shard: int) -
     with served(plan.repository, pools, step_dir / "server.log", ("--page-tokens", str(plan.page_tokens),
                                                                   *plan.serve_args)) as server:
         step = StepRun(name, step_command(plan, server.grpc_url, budget, servers, shard, step_dir), step_dir,
-                       plan.warmup_seconds + plan.step_seconds + 120.0, stop_grace_s=SERVER_STOP_GRACE_S)
+                       plan.warmup_seconds + plan.step_seconds + 120.0, stop_grace_s=STOP_GRACE_S)
         return step.measure(float(budget))
 
 

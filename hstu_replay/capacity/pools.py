@@ -12,10 +12,9 @@ from itertools import product
 from pathlib import Path
 
 from hstu_replay.errors import ServerError
-from hstu_replay.process import ServerProcess, StartFailed
+from hstu_replay.process import STOP_GRACE_S, ServerProcess, StartFailed
 
 SERVE_TIMEOUT_S = 180.0
-SERVER_STOP_GRACE_S = 60.0  # a server and a step's processes get this long after SIGTERM before SIGKILL
 
 
 @dataclass(frozen=True)
@@ -57,4 +56,4 @@ def served(repository: str, pools: TargetPools, log: Path, serve_args: tuple[str
     try:
         yield server
     finally:
-        server.stop(SERVER_STOP_GRACE_S)
+        server.stop(STOP_GRACE_S)

@@ -119,7 +119,7 @@ OPTIONS: tuple[LoadOption, ...] = (
     LoadOption(A.DUMP_DIR.but(default="", help="NVIDIA-format dump directory (hstu-replay server dump)"), DATA,
                WebForm.PATH),
     LoadOption(A.HIT_RATIOS.but(help="Target KV-cache hit ratios, one stage each")),
-    LoadOption(A.BATCH_SIZES.but(help="Users per request (1..8), one sweep each")),
+    LoadOption(A.BATCH_SIZES.but(help=f"Users per request ({A.BATCH_RANGE}), one sweep each")),
     LoadOption(_own("--arrival", "closed", "closed (back to back), constant or poisson (open loop)")),
     LoadOption(A.REQUEST_RATE.but(default=0.0, help="Open loop: measured requests per second, all users together")),
     LoadOption(_own("--time-scale", 0.0, "Timeline: replay the log this many times faster than recorded "

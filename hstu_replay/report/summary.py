@@ -11,9 +11,9 @@ from datetime import datetime, timezone
 
 import hstu_replay
 from hstu_replay.output.files import jsonable
-from hstu_replay.output.text import NO_VALUE, fmt
+from hstu_replay.output.text import fmt
 from hstu_replay.report.flags import StageRules, stage_flags
-from hstu_replay.report.tier_section import stage_tiers
+from hstu_replay.report.tier_section import SOURCE_MARK, stage_tiers
 from hstu_replay.stats.run_stats import BinKey, BinStats, RunStats
 from hstu_replay.verify import DEFAULT_TOLERANCE
 
@@ -173,7 +173,6 @@ def flagged_stages(report: dict) -> list[dict]:
 
 
 #: How each hit-ratio source reads in tables.
-SOURCE_MARK = {"observed": "server", "predicted": "model", None: NO_VALUE}
 
 TABLE_HEADER = ["batch", "target", "achieved", "from", "requests", "primes", "req/s", "server req/s", "mean ms",
                 "ms/logical", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "speed-up", "flags"]

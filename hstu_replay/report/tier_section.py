@@ -85,6 +85,7 @@ def tier_columns(stage: dict) -> dict[str, object]:
     return dict(zip(TIER_COLUMNS, figures))
 
 
+#: how a table marks where a hit ratio came from: the server's word or the client's model
 SOURCE_MARK = {"observed": "server", "predicted": "model", None: NO_VALUE}
 TIER_HEADER = ["batch", "target", "gpu hit", "host hit", "from", "mix gpu", "mix host", "mix miss", "target mix",
                "p50 ms", "p99 ms", "ms/logical"]
