@@ -20,7 +20,7 @@ offered is above `--server-share` of the server's ceiling, the host's busy cores
 `--host-share` of its cores, or a worker's CPU is above `--worker-share` of a core (saturated).
 Otherwise scale-out is met when the server answered 0.9 x N x what one worker sent or more, and
 0.9 of the rate offered.
-Beside each N, the workers the capacity planner (`capacity.workers`) asks for at that rate, from
+Beside each N, the workers the capacity planner (`capacity.worker_count`) asks for at that rate, from
 the one-worker run's CPU per request, and the workers the run's own CPU needed.
 Prints a markdown table, the verdicts, the command and the machine's load. Exit 1 when a row is
 INVALID or missed, or its merged percentiles are not exact.

@@ -4,7 +4,7 @@
 terminal reaches the caller, which stops it in order) with its output in a log file (or in the
 caller's own output), ready when its readiness predicate says so, stopped with a bounded grace
 period and then killed, its teardown checked. A server (`ServerProcess`), a capacity step
-(`capacity.step`), the python-backend frontend's tritonserver (`server.native`), the benchmarks'
+(`capacity.step_run`), the python-backend frontend's tritonserver (`server.python_backend`), the benchmarks'
 clients and do-nothing servers are configurations of it. `hstu-replay server wait` applies the same
 readiness loop to a server started by a shell script. Torch-free: load-generator tools import it.
 

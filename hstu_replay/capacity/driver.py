@@ -73,7 +73,7 @@ class CapacityPlan:
     warmup_seconds: float = 2.0
     rate_users: int = 8
     target_rps: float | None = None
-    worker_cpu_share: float = DEFAULT_CORE_SHARE  # of a core, per Locust worker (capacity.workers)
+    worker_cpu_share: float = DEFAULT_CORE_SHARE  # of a core, per Locust worker (capacity.worker_count)
     model: str = "hstu_gr_ranking_kvcache"
     workload_args: tuple[str, ...] = ()  # --workload, --dump-dir, --triton-url, ... as given
     locust_args: tuple[str, ...] = ()  # anything else, e.g. --master --expect-workers 2

@@ -68,7 +68,7 @@ class Role:
         """A worker's statistics arrived at the master (`measured`: its measured requests in them)."""
 
     def workers_story(self) -> tuple[list[dict], list[dict]] | None:
-        """The workers lost and joined during the run (report.workers); None outside a master."""
+        """The workers lost and joined during the run (report.worker_events); None outside a master."""
         return None
 
 

@@ -1,7 +1,7 @@
 """The reference target's models inside Triton's Python backend (`server serve --frontend python-backend`).
 
 Imported by the backend stub only (`triton_python_backend_utils` exists there alone): each model
-reads its `native.BackendSettings` from its config and plays one role:
+reads its `python_backend.BackendSettings` from its config and plays one role:
 - `cached`: builds the engine with the KV cache, serves the cache-metrics port and answers the
   control model over a Unix socket (one line in: `clear` or `stats`; one JSON line out);
 - `uncached`: builds the engine with an empty cache budget (the no-cache interfaces);
