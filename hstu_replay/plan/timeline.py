@@ -158,7 +158,8 @@ def visits_mask(trace: Trace, user_ids: np.ndarray, visits) -> np.ndarray:
 class Timeline:
     """One process's natural replay, shared by its virtual users: the requests in order, when
     each goes, every user's cache key for the whole run, and which users have a request in flight
-    (a user's next request waits for its last one: one key is never in flight twice)."""
+    (a user's next request waits for its last one: one key is never in flight twice, and a user's
+    requests go in log order whichever virtual user takes them first)."""
 
     def __init__(self, store, trace: Trace, bounds: np.ndarray, candidates: int, limits: Limits,
                  time_scale: float = 0.0, request_rate: float = 0.0, start_ms: int | None = None):
@@ -176,7 +177,8 @@ class Timeline:
         if len(self.skipped):
             self.skipped[-1] += len(trace.skipped_times_ms) - before[-1]
         self.held: dict[int, int] = {}  # store user -> tokens its key held after its last answer
-        self._in_flight: dict[int, object] = {}  # store user -> event set when its request settles
+        self._settled: dict[int, object] = {}  # request taken and not yet settled -> event set when it is
+        self._latest: dict[int, object] = {}  # store user -> that event of its latest request taken
         self._users: dict = {}  # store user -> its history as plain views of the store's maps (see `user`)
 
     def user(self, index: int):
@@ -206,25 +208,46 @@ class Timeline:
         return None
 
     def take(self) -> int:
-        """The next request's index; waits while one of its users is still in flight."""
+        """The next request's index; waits until every earlier request of its users has settled.
+
+        The request is queued behind them before it waits, so a request taken later for one of its
+        users waits for this one too: a user's visits reach the server in log order."""
+        import gevent
         from gevent.event import Event
 
         if self.next_request >= self.requests:
             raise PlanError(f"the trace's {self.requests} requests have all been sent")
         r, self.next_request = self.next_request, self.next_request + 1
-        users = [int(u) for u in self.trace.users[self.bounds[r]:self.bounds[r + 1]]]
-        for u in users:
-            while u in self._in_flight:
-                self._in_flight[u].wait()
-        for u in users:
-            self._in_flight[u] = Event()
+        before = {id(e): e for u in self.users_of(r) if (e := self._latest.get(u)) is not None}
+        mine = self._settled[r] = Event()
+        for u in self.users_of(r):
+            self._latest[u] = mine
+        try:
+            for event in before.values():
+                event.wait()
+        except BaseException:  # stopped while waiting: it settles once what it waited for has
+            gevent.spawn(self._release_after, r, list(before.values()))
+            raise
         return r
 
-    def release(self, users) -> None:
-        for u in users:
-            event = self._in_flight.pop(u, None)
-            if event is not None:
-                event.set()
+    def _release_after(self, r: int, events: list) -> None:
+        for event in events:
+            event.wait()
+        self.release(r)
+
+    def release(self, r: int) -> None:
+        """Request r has settled (answered, failed or not sent): the next request of its users may go."""
+        event = self._settled.pop(r, None)
+        if event is None:
+            return
+        event.set()
+        for u in self.users_of(r):
+            if self._latest.get(u) is event:
+                del self._latest[u]
+
+    def users_of(self, r: int) -> list[int]:
+        """The store users request r visits."""
+        return [int(u) for u in self.trace.users[self.bounds[r]:self.bounds[r + 1]]]
 
 
 class TimelineSource:
@@ -269,22 +292,22 @@ class TimelineSource:
         try:
             request = build_request(users, tl.limits)
         except HstuReplayError:
-            tl.release(visit_users)
+            tl.release(r)
             raise
         return PlannedStep(request=request, expected_hits=tuple(hits), label="; ".join(labels),
                            goal_ratio=target, handles=(r,), send_at_s=tl.send_at_s(r))
 
     def settle(self, step: PlannedStep, ok: bool) -> list[int]:
         """A failed request leaves its users' server state unknown: they get fresh keys."""
-        tl, t = self.timeline, self.timeline.trace
+        tl = self.timeline
         (r,) = step.handles
-        users = [int(u) for u in t.users[tl.bounds[r]:tl.bounds[r + 1]]]
+        users = tl.users_of(r)
         for u, tokens in zip(users, step.request.total_history_lengths.tolist()):
             if ok:
                 tl.held[u] = int(tokens)
             elif u in tl.keys:
                 self.retired.add(tl.keys.pop(u))
-        tl.release(users)
+        tl.release(r)
         return self.retired.take()
 
     def reset(self) -> None:

@@ -111,11 +111,52 @@ def test_a_users_next_visit_waits_for_its_last_answer():
     third = gevent.spawn(timeline.take)  # user 0 again: in flight since request 0
     gevent.sleep(0.05)
     assert not third.ready()
-    timeline.release([1])
+    timeline.release(1)
     gevent.sleep(0.05)
     assert not third.ready()
-    timeline.release([0])
+    timeline.release(0)
     assert third.get(timeout=1) == 2 and timeline.exhausted
+
+
+def test_a_users_visits_go_in_log_order_whoever_takes_them_first():
+    """Request 1 waits for request 0 of the same user; when 0 settles, a taker that comes before
+    request 1's taker has run again must not jump ahead of it with request 2 (a longer history of
+    the key sent before a shorter one)."""
+    import gevent
+    import pytest
+
+    from hstu_replay.plan.timeline import Timeline
+
+    store = _Times([0, 70_000, 140_000, 210_000])
+    trace = build_trace(store, candidates=1, limits=Limits(), batch_size=1)
+    timeline = Timeline(store, trace, group_requests(trace, 0, 1), 1, Limits())
+    assert trace.users.tolist()[:3] == [0, 0, 0]
+    assert timeline.take() == 0
+    second = gevent.spawn(timeline.take)
+    gevent.sleep(0.05)
+    assert not second.ready()
+    timeline.release(0)  # wakes the second taker, which has not run yet; this one takes first
+    with pytest.raises(gevent.Timeout), gevent.Timeout(0.2):
+        timeline.take()  # request 2: it waits for request 1 instead of going ahead of it
+    assert second.get(timeout=1) == 1
+
+
+def test_a_taker_stopped_while_waiting_lets_the_requests_behind_it_go():
+    import gevent
+
+    from hstu_replay.plan.timeline import Timeline
+
+    store = _Times([0, 70_000, 140_000, 210_000])
+    trace = build_trace(store, candidates=1, limits=Limits(), batch_size=1)
+    timeline = Timeline(store, trace, group_requests(trace, 0, 1), 1, Limits())
+    assert timeline.take() == 0
+    stopped = gevent.spawn(timeline.take)  # request 1, waiting for request 0
+    gevent.sleep(0.05)
+    behind = gevent.spawn(timeline.take)  # request 2, waiting for request 1
+    gevent.sleep(0.05)
+    stopped.kill()  # as Locust stops a user
+    timeline.release(0)
+    assert behind.get(timeout=1) == 2
 
 
 def test_shards_keep_the_whole_logs_clock():
