@@ -24,13 +24,16 @@ class GrpcInfer:
         self._metadata = tuple((k.lower(), v) for k, v in headers.items()) or None
         self._encoder = RequestEncoder(model)
 
-    def infer(self, inputs: Inputs, outputs: Sequence[str]) -> tuple[dict[str, np.ndarray], float]:
+    def infer(self, inputs: Inputs, outputs: Sequence[str],
+              extra: Sequence[tuple[str, str]] = ()) -> tuple[dict[str, np.ndarray], float]:
         """Send int64 `inputs` (name, contiguous pieces); returns the named outputs as arrays and
-        the seconds the call took, from the encoded message handed over to the answer's bytes."""
+        the seconds the call took, from the encoded message handed over to the answer's bytes.
+        `extra`: metadata of this request alone (a routing key)."""
         message = self._encoder.encode(inputs, outputs)
+        metadata = (*(self._metadata or ()), *((k.lower(), v) for k, v in extra)) if extra else self._metadata
         start = time.monotonic()
         try:
-            raw = self._call(message, timeout=self.timeout_s, metadata=self._metadata)
+            raw = self._call(message, timeout=self.timeout_s, metadata=metadata)
             seconds = time.monotonic() - start
         except grpc.RpcError as exc:
             code = exc.code() if callable(getattr(exc, "code", None)) else None

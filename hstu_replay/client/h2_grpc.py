@@ -90,15 +90,18 @@ class H2Grpc:
         self._conn: Connection | None = None
         self._used = 0.0  # when the connection last carried an answer
 
-    def infer(self, inputs: Inputs, outputs: Sequence[str]) -> tuple[dict[str, np.ndarray], float]:
+    def infer(self, inputs: Inputs, outputs: Sequence[str],
+              extra: Sequence[tuple[str, str]] = ()) -> tuple[dict[str, np.ndarray], float]:
         """Send int64 `inputs` (name, contiguous pieces); returns the named outputs as arrays and
-        the seconds from the request's first byte out to the answer's last byte in."""
+        the seconds from the request's first byte out to the answer's last byte in. `extra`: header
+        fields of this request alone (a routing key), appended to the fixed block."""
         message = self._encoder.encode(inputs, outputs)
+        block = self.block + header_fields(extra) if extra else self.block
         for attempt in (0, 1):
             conn = self._connection()
             start = time.monotonic()
             try:
-                raw = conn.call(self.block, message, start + self.timeout_s)
+                raw = conn.call(block, message, start + self.timeout_s)
                 self._used = time.monotonic()
                 if conn.going_away:
                     self.close()
@@ -158,8 +161,14 @@ def request_block(host: str, port: int, tls: bool, timeout_s: float, headers: di
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     fields = [(":method", "POST"), (":scheme", "https" if tls else "http"), (":path", METHOD),
               (":authority", authority), ("content-type", "application/grpc"), ("te", "trailers"),
-              ("grpc-timeout", grpc_timeout(timeout_s)), *((k.lower(), v) for k, v in headers.items())]
-    return hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(k.encode(), v.encode()) for k, v in fields])
+              ("grpc-timeout", grpc_timeout(timeout_s)), *headers.items()]
+    return header_fields(fields)
+
+
+def header_fields(fields: Sequence[tuple[str, str]]) -> bytes:
+    """Never-indexed HPACK literals of `fields` (names in lower case): a block of them can be
+    appended to another without touching the dynamic table."""
+    return hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(k.lower().encode(), v.encode()) for k, v in fields])
 
 
 def grpc_timeout(seconds: float) -> str:

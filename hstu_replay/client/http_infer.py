@@ -47,10 +47,11 @@ class HttpInfer:
         self._sock: socket.socket | None = None
         self._used = 0.0  # when the connection last carried a response
 
-    def infer(self, inputs: Sequence[tuple[str, tuple[np.ndarray, ...]]],
-              outputs: Sequence[str]) -> tuple[dict[str, np.ndarray], float]:
+    def infer(self, inputs: Sequence[tuple[str, tuple[np.ndarray, ...]]], outputs: Sequence[str],
+              extra: Sequence[tuple[str, str]] = ()) -> tuple[dict[str, np.ndarray], float]:
         """Send int64 `inputs` (name, contiguous pieces); returns the named outputs as arrays and
-        the seconds from the first byte sent to the last byte received."""
+        the seconds from the first byte sent to the last byte received. `extra`: header fields of
+        this request alone (a routing key)."""
         buffers, specs, size = [], [], 0
         for name, parts in inputs:
             nbytes = 0
@@ -65,7 +66,8 @@ class HttpInfer:
         if wanted is None:
             wanted = self._outputs[tuple(outputs)] = [{"name": n, "parameters": {"binary_data": True}} for n in outputs]
         header = orjson.dumps({"inputs": specs, "outputs": wanted})
-        head = (f"{self._head}Inference-Header-Content-Length: {len(header)}\r\n"
+        fields = "".join(f"{k}: {v}\r\n" for k, v in extra)
+        head = (f"{self._head}{fields}Inference-Header-Content-Length: {len(header)}\r\n"
                 f"Content-Length: {len(header) + size}\r\n\r\n").encode("latin-1")
         start = time.monotonic()
         sock = self._send([head, header, *buffers])

@@ -11,6 +11,7 @@ buffers without copying them in Python.
 from __future__ import annotations
 
 import importlib
+import re
 import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,10 @@ CACHED_TOKENS_OUTPUT = "CACHED_TOKENS"
 HOST_CACHED_TOKENS_OUTPUT = "HOST_CACHED_TOKENS"
 #: Outputs of a two-tier server's control model: its pools' budgets in tokens (host 0: no host tier).
 BUDGET_OUTPUTS = ("GPU_BUDGET_TOKENS", "HOST_BUDGET_TOKENS")
+
+
+#: RFC 9110's token: what a header name may be made of
+HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ class ClientOptions:
     headers: Mapping[str, str] = field(default_factory=dict)  # names are sent in lower case
     timeout_s: float = 60.0
     grpc_transport: str = "h2"  # gRPC's inference requests: h2 (HTTP/2 on a plain socket) or grpcio
+    route_header: str = ""  # a header carrying each request's route key, for a gateway to hash on
 
     def __post_init__(self):
         if self.protocol not in ("grpc", "http"):
@@ -59,6 +65,10 @@ class ClientOptions:
             raise ConfigError(f"--triton-url {self.url!r}: give host:port without a scheme (use --triton-ssl for TLS)")
         if self.root_certificates and not self.ssl:
             raise ConfigError("--triton-root-cert needs TLS: a grpcs:// or https:// address, or --triton-ssl")
+        if self.route_header and not HEADER_NAME.fullmatch(self.route_header):
+            raise ConfigError(f"--routing-header {self.route_header!r}: a header name is letters, digits and "
+                              "!#$%&'*+-.^_`|~ only")
+        object.__setattr__(self, "route_header", self.route_header.lower())
         # gRPC refuses metadata keys with capitals; HTTP header names are case-insensitive
         object.__setattr__(self, "headers", {k.strip().lower(): v for k, v in self.headers.items()})
 
@@ -238,11 +248,13 @@ class TritonClient:
         except ServerError:
             pass  # the expected complaint about the missing inputs
 
-    def infer(self, tensors: RequestTensors) -> InferResponse:
+    def infer(self, tensors: RequestTensors, route_key: int | None = None) -> InferResponse:
         """Send one request; raises ServerError (ServerUnavailable when the server was not there
-        to take it) with one line on failure."""
+        to take it) with one line on failure. With a route header, `route_key` goes in it."""
         binding = self.binding or self.connect()
-        result, seconds = self._transport.infer(tensors.input_parts(binding.interface), binding.outputs)
+        header = self.options.route_header
+        extra = ((header, str(route_key)),) if header and route_key is not None else ()
+        result, seconds = self._transport.infer(tensors.input_parts(binding.interface), binding.outputs, extra)
         logits = checked_output(result, binding.interface.logits_output, (tensors.num_logits, NUM_TASKS))
         cached = checked_output(result, CACHED_TOKENS_OUTPUT, (tensors.batch_size,)) if binding.reports_hits else None
         host = (checked_output(result, HOST_CACHED_TOKENS_OUTPUT, (tensors.batch_size,))

@@ -35,8 +35,13 @@ class KeyAllocator:
         return self._base + self._next
 
 
+def route_key(key: int) -> int:
+    """The number of the virtual user that made `key` (worker index x 4096 + its index): what a
+    fleet routes a request by, the same for every key that user makes, in every run."""
+    return (key >> _COUNTER_BITS) & ((1 << _OWNER_BITS) - 1)
+
+
 def key_owner(key: int) -> tuple[int, int]:
     """(worker index, virtual-user index) of the user that made `key` (what a server's log of keys
     says of who sent each request)."""
-    owner = (key >> _COUNTER_BITS) & ((1 << _OWNER_BITS) - 1)
-    return divmod(owner, MAX_USERS_PER_WORKER)
+    return divmod(route_key(key), MAX_USERS_PER_WORKER)
