@@ -1,10 +1,10 @@
 """Which server of a fleet each request goes to (`--routing`): the registry `ROUTINGS`.
 
-A request is routed by its *route key*: the virtual user that made its first cache key (see
-`plan.keys.route_key`). Every key a virtual user makes shares that route key, so under
-`key-hash` a user's history always meets the server that holds it and a batch's users share a
-server, in every process of a run alike (the hash is a pure function of the key and the
-addresses). `round-robin` and `random` are what a plain balancer does: they ignore the key.
+A request is routed by its first user's cache key. Under `key-hash` every key goes to one server
+by a consistent hash, in every process of a run alike (the hash is a pure function of the key
+and the addresses), so a user's history always meets the server that holds it; a virtual user
+draws only keys that land on its own server (`plan.keys`), so a batch's users share a server.
+`round-robin` and `random` are what a plain balancer does: they ignore the key.
 
 `key-hash` is a consistent hash ring: each address owns `POINTS_PER_SERVER` points on a 64-bit
 circle and a key goes to the owner of the first point at or after the key's own hash, so adding
@@ -52,20 +52,20 @@ def _point(address: str, replica: int) -> int:
 
 
 class Router(Protocol):
-    def server(self, route_key: int) -> int:
-        """The index (in the fleet's order) of the server this request goes to."""
+    def server(self, key: int) -> int:
+        """The index (in the fleet's order) of the server a request whose first key is `key` goes to."""
 
 
 class HashRing:
-    """`key-hash`: consistent hashing of route keys onto the addresses."""
+    """`key-hash`: consistent hashing of cache keys onto the addresses."""
 
     def __init__(self, addresses: Sequence[str], seed: int = 0):
         points = sorted((_point(a, r), i) for i, a in enumerate(addresses) for r in range(POINTS_PER_SERVER))
         self._hashes = [p for p, _ in points]
         self._owners = [i for _, i in points]
 
-    def server(self, route_key: int) -> int:
-        at = bisect.bisect_left(self._hashes, mix64(route_key))
+    def server(self, key: int) -> int:
+        at = bisect.bisect_left(self._hashes, mix64(key))
         return self._owners[at % len(self._owners)]
 
 
@@ -75,7 +75,7 @@ class RoundRobin:
     def __init__(self, addresses: Sequence[str], seed: int = 0):
         self._next = itertools.cycle(range(len(addresses)))
 
-    def server(self, route_key: int) -> int:
+    def server(self, key: int) -> int:
         return next(self._next)
 
 
@@ -86,7 +86,7 @@ class RandomChoice:
         self._rng = random.Random(seed)
         self._count = len(addresses)
 
-    def server(self, route_key: int) -> int:
+    def server(self, key: int) -> int:
         return self._rng.randrange(self._count)
 
 

@@ -15,7 +15,8 @@ from hstu_replay.cache_ledger import DEFAULT_OFFLOAD_CHUNK_TOKENS, DEFAULT_PAGE_
 from hstu_replay.client.triton import ClientOptions
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import PUBLISHED_LIMITS, Limits, history_tokens
-from hstu_replay.loadtest.address import address_url, resolve_address
+from hstu_replay.fleet.routing import Routing, routing
+from hstu_replay.loadtest.address import address_url, addresses, resolve_address
 from hstu_replay.loadtest.options import SECRETS, option_values
 from hstu_replay.plan.over_limit import HistoryPolicy
 from hstu_replay.plan.tier_mix import TierMix
@@ -61,7 +62,7 @@ def _choice(enum: type[StrEnum], flag: str, value: str, message: str | None = No
 class TargetConfig:
     """Where requests go and how (--host / --triton-*)."""
 
-    address: str  # host:port
+    address: str  # host:port; a fleet's, joined by commas
     protocol: TritonProtocol
     ssl: bool
     model: str
@@ -69,9 +70,16 @@ class TargetConfig:
     headers: str = field(repr=False)  # secret: 'name=value,...'
     timeout_s: float = 30.0
     grpc_transport: GrpcTransport = GrpcTransport.H2
+    routing: Routing = Routing.KEY_HASH  # which server of a fleet each request goes to
+    routing_header: str = ""  # a header carrying each request's route key (for a gateway)
 
     def __post_init__(self):
         self.header_map()  # a malformed item is named before the run (its value never is)
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """Each server's host:port, in the fleet's order (one for a single server)."""
+        return addresses(self.address)
 
     @property
     def url(self) -> str:
@@ -87,10 +95,12 @@ class TargetConfig:
             headers[name.strip()] = value.strip()
         return headers
 
-    def client_options(self) -> ClientOptions:
-        return ClientOptions(url=self.address, protocol=self.protocol.value, model=self.model, ssl=self.ssl,
-                             root_certificates=self.root_cert or None, headers=self.header_map(),
-                             timeout_s=self.timeout_s, grpc_transport=self.grpc_transport.value)
+    def client_options(self, server: int = 0) -> ClientOptions:
+        """How to reach server `server` of the fleet (the first, or the only one)."""
+        return ClientOptions(url=self.addresses[server], protocol=self.protocol.value, model=self.model,
+                             ssl=self.ssl, root_certificates=self.root_cert or None, headers=self.header_map(),
+                             timeout_s=self.timeout_s, grpc_transport=self.grpc_transport.value,
+                             route_header=self.routing_header)
 
 
 @dataclass(frozen=True)
@@ -151,8 +161,11 @@ class CacheConfig:
     offload_mode: str = "native"
     tier_mix: TierMix | None = None
     offload_chunk_tokens: int = DEFAULT_OFFLOAD_CHUNK_TOKENS  # the server's native offload chunk
+    fleet_budgets: tuple[int, ...] = ()  # each server's GPU pool, in the fleet's order (empty: budget_tokens)
 
     def __post_init__(self):
+        if any(b < 0 for b in self.fleet_budgets):
+            raise ConfigError(f"--fleet-budgets {','.join(map(str, self.fleet_budgets))}: use 0 or more tokens")
         if self.budget_tokens < 0 or self.host_budget_tokens < 0:
             raise ConfigError(f"--cache-budget-tokens {self.budget_tokens} / --host-budget-tokens "
                               f"{self.host_budget_tokens}: use 0 or more tokens")
@@ -163,7 +176,11 @@ class CacheConfig:
 
     @property
     def budgets_given(self) -> bool:
-        return bool(self.budget_tokens or self.host_budget_tokens)
+        return bool(self.budget_tokens or self.host_budget_tokens or self.fleet_budgets)
+
+    def gpu_budgets(self, servers: int) -> tuple[int, ...]:
+        """Each server's GPU pool in tokens (0: unbounded)."""
+        return self.fleet_budgets or (self.budget_tokens,) * servers
 
     def check_mix(self) -> None:
         """Whether the pools (given, or read from the server) let the tier mix be met."""
@@ -270,11 +287,14 @@ class LoadTestConfig:
                                   f"has {longest} (--max-history {self.data.max_history}): give longer histories, "
                                   "or --offload-mode flexkv where the server offloads after every forward")
 
-    def with_budgets(self, gpu_tokens: int, host_tokens: int) -> LoadTestConfig:
-        """The config with the pools' budgets a server said (options left unset), checked."""
-        cache = replace(self.cache, budget_tokens=gpu_tokens, host_budget_tokens=host_tokens)
+    def with_budgets(self, gpu_tokens: int, host_tokens: int, fleet: tuple[int, ...] = ()) -> LoadTestConfig:
+        """The config with the pools' budgets a server said (options left unset), checked; `fleet`:
+        each server's GPU pool, where a fleet's servers said theirs."""
+        cache = replace(self.cache, budget_tokens=gpu_tokens, host_budget_tokens=host_tokens, fleet_budgets=fleet)
         cache.check_mix()
         options = dict(self.options, cache_budget_tokens=gpu_tokens, host_budget_tokens=host_tokens)
+        if fleet:
+            options["fleet_budgets"] = ",".join(map(str, fleet))
         return replace(self, cache=cache, options=options)
 
     @classmethod
@@ -299,7 +319,7 @@ class LoadTestConfig:
         checks = CheckConfig(v["verify_fraction"], v["tolerance"])
         cache = CacheConfig(v["cache_budget_tokens"], v["cache_page_tokens"], v["host_budget_tokens"],
                             v["offload_mode"], TierMix.parse(v["tier_mix"]) if v["tier_mix"] else None,
-                            v["offload_chunk_tokens"])
+                            v["offload_chunk_tokens"], _budgets(v["fleet_budgets"]))
         if cache.budgets_given:
             cache.check_mix()  # else once the server's control model said its budgets (loadtest.prepare)
         if cache.tier_mix is not None and not kind.steers_tiers:
@@ -314,8 +334,12 @@ class LoadTestConfig:
                            f"--triton-protocol {v['triton_protocol']!r}: use {one_of(p.value for p in TritonProtocol)}")
         target = TargetConfig(v["triton_url"], protocol, v["triton_ssl"], v["triton_model"], v["triton_root_cert"],
                               v["triton_headers"], v["triton_timeout"],
-                              _choice(GrpcTransport, "--triton-grpc-transport", v["triton_grpc_transport"]))
+                              _choice(GrpcTransport, "--triton-grpc-transport", v["triton_grpc_transport"]),
+                              routing(v["routing"]), v["routing_header"])
         target.client_options()  # the client's own checks
+        if cache.fleet_budgets and len(cache.fleet_budgets) != len(target.addresses):
+            raise ConfigError(f"--fleet-budgets gives {len(cache.fleet_budgets)} budgets for a fleet of "
+                              f"{len(target.addresses)} servers (--host): one per server, in its order")
         report = ReportConfig(
             v["report_dir"], StageRules(v["min_stage_requests"], cache.page_tokens,
                                         loop_lag_bound_ms=v["max_loop_lag_ms"],
@@ -348,6 +372,11 @@ def _batches(text: str) -> tuple[int, ...]:
     if any(not 1 <= b <= most or b != int(b) for b in sizes):
         raise ConfigError(f"--batch-sizes {text!r}: whole numbers in 1..{most}")
     return tuple(int(b) for b in sizes)
+
+
+def _budgets(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in numbers("--fleet-budgets", text, 0, integral=True, digits=True,
+                                         form="token counts, one per server")) if text else ()
 
 
 def _shard(text: str) -> tuple[int, int]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from hstu_replay.plan.over_limit import accounts_line
 from hstu_replay.loadtest.faults import LOST_EXIT_CODE
+from hstu_replay.report.fleet_section import fleet_section, fleet_table, with_fleet_flags
 from hstu_replay.report.tier_section import shows_tiers, tier_table
 from hstu_replay.output.files import jsonable
 from hstu_replay.output.text import format_table
@@ -40,6 +41,10 @@ def current_report(environment) -> dict:
     run, c = runtime.run, runtime.run.config
     report = build_report(run.stats, run_metadata(environment), run.server_stages, c.checks.tolerance,
                           requested_rps=c.sweep.request_rate if c.sweep.arrival.open else None, rules=c.report.rules)
+    fleet = fleet_section(run.stats, c.target.addresses, c.target.routing.value)
+    if fleet is not None:
+        report["fleet"] = jsonable(fleet)
+        with_fleet_flags(report)
     story = runtime.role.workers_story()
     if story is not None:  # a master: the workers it lost or gained, and the stages a loss overlapped
         losses, joins = story
@@ -80,6 +85,9 @@ def write_final_report(environment) -> dict:
     if shows_tiers(report):
         print("hstu-replay: cache tiers (token hit ratio per tier, users by tier):", flush=True)
         print(format_table(tier_table(report)), flush=True)
+    if report.get("fleet"):
+        print(f"hstu-replay: the fleet's servers (--routing {report['fleet']['routing']}):", flush=True)
+        print(format_table(fleet_table(report)), flush=True)
     html = paths.get("html")
     print(f"hstu-replay: report written to {Path(c.report.report_dir).resolve()}"
           + (f" (open {Path(html).resolve()})" if html else ""), flush=True)

@@ -113,6 +113,10 @@ OPTIONS: tuple[LoadOption, ...] = (
     LoadOption(_own("--triton-headers", "", "Extra request headers, 'name=value,name=value' (secret: never shown, "
                     "logged or sent to workers; give each process its own)"), TARGET, WebForm.SECRET),
     LoadOption(_own("--triton-timeout", 30.0, "Seconds before a request counts as timed out"), TARGET),
+    LoadOption(_own("--routing", "key-hash", "A fleet (several addresses): key-hash (each virtual user's keys to "
+                    "one server by a consistent hash), round-robin or random (what a plain balancer does)"), TARGET),
+    LoadOption(_own("--routing-header", "", "Send each request's route key in this header, for a gateway to "
+                    "hash on (empty: none)"), TARGET),
     LoadOption(A.WORKLOAD.but(help="sessions (replay a prepared store), dumps (NVIDIA dump dir) or timeline (natural "
                               "replay of a store in the log's time order)"), DATA),
     LoadOption(A.STORE.but(default="", help="Prepared KuaiRand store (hstu-replay data prepare)"), DATA, WebForm.PATH),
@@ -137,6 +141,8 @@ OPTIONS: tuple[LoadOption, ...] = (
     LoadOption(A.MAX_HISTORY.but(help="Longest history sent, in items"), DATA),
     LoadOption(A.MAX_VALUES.but(help="Largest request (len(values)) the model takes"), DATA),
     LoadOption(_own("--cache-budget-tokens", 0, "Server KV-cache capacity in tokens (0: unbounded)"), CACHE),
+    LoadOption(_own("--fleet-budgets", "", "Each server's KV-cache capacity in tokens, in the order of --host "
+                    "(empty: --cache-budget-tokens for every server, or each server's control model)"), CACHE),
     LoadOption(A.PAGE_TOKENS.but(flag="--cache-page-tokens", help="Server KV-cache page size in tokens"), CACHE),
     LoadOption(_own("--host-budget-tokens", 0, "Server host-tier KV capacity in tokens behind the GPU pool of "
                     "--cache-budget-tokens (0: no host tier)"), CACHE),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hstu_replay.client.triton import ModelBinding, TritonClient
-from hstu_replay.errors import ConfigError
+from hstu_replay.errors import ConfigError, HstuReplayError
 from hstu_replay.loadtest.config import LoadTestConfig, TargetConfig
 from hstu_replay.loadtest.schedule import Schedule
 from hstu_replay.plan.workloads import Workload, WorkloadKind, WorkloadOptions
@@ -61,31 +61,49 @@ class PreparedRun:
         return {b: c for b, c in caps.items() if c is not None and c < self.config.data.max_history}
 
 
-def connect(target: TargetConfig) -> ModelBinding:
-    """The served model's interface (one line if the server or model is not usable)."""
-    client = TritonClient(target.client_options())
+def _asked(target: TargetConfig, server: int, question):
+    client = TritonClient(target.client_options(server))
     try:
-        return client.connect()
+        return question(client)
+    except HstuReplayError as exc:
+        if len(target.addresses) == 1:
+            raise
+        raise type(exc)(f"server {target.addresses[server]} of the fleet: {exc}") from None
     finally:
         client.close()
+
+
+def connect(target: TargetConfig) -> ModelBinding:
+    """The served model's interface, the same at every server of a fleet (one line naming the
+    server if one is not usable)."""
+    bindings = [_asked(target, i, TritonClient.connect) for i in range(len(target.addresses))]
+    for address, binding in zip(target.addresses[1:], bindings[1:]):
+        if binding != bindings[0]:
+            raise ConfigError(f"server {address} serves {target.model} with another interface "
+                              f"({binding.interface.name}) than {target.addresses[0]} ({bindings[0].interface.name}): "
+                              "a fleet serves one model")
+    return bindings[0]
 
 
 def server_budgets(config: LoadTestConfig, binding: ModelBinding) -> LoadTestConfig:
-    """Without budgets given, the pools' budgets a two-tier server's control model says (if it does)."""
+    """Without budgets given, the pools' budgets each two-tier server's control model says (if it does)."""
     if config.cache.budgets_given or not binding.interface.uses_cache:
         return config
-    client = TritonClient(config.target.client_options())
-    try:
-        budgets = client.server_budgets()
-    finally:
-        client.close()
-    if budgets is None:
+    addresses = config.target.addresses
+    said = [_asked(config.target, i, TritonClient.server_budgets) for i in range(len(addresses))]
+    if any(b is None for b in said):
         config.cache.check_mix()
         return config
-    print(f"hstu-replay: the server's control model gives its pools: GPU {budgets.gpu_tokens:,} tokens, host "
-          f"{budgets.host_tokens:,} tokens (--cache-budget-tokens and --host-budget-tokens)", file=sys.stderr,
-          flush=True)
-    return config.with_budgets(budgets.gpu_tokens, budgets.host_tokens)
+    for address, budgets in zip(addresses, said):
+        name = "the server" if len(addresses) == 1 else f"server {address}"
+        print(f"hstu-replay: {name}'s control model gives its pools: GPU {budgets.gpu_tokens:,} tokens, host "
+              f"{budgets.host_tokens:,} tokens (--cache-budget-tokens and --host-budget-tokens)", file=sys.stderr,
+              flush=True)
+    if len({b.host_tokens for b in said}) > 1:
+        raise ConfigError("the fleet's servers have host tiers of different sizes; the client models one: give "
+                          "--host-budget-tokens and --fleet-budgets")
+    return config.with_budgets(said[0].gpu_tokens, said[0].host_tokens,
+                               tuple(b.gpu_tokens for b in said) if len(said) > 1 else ())
 
 
 def prepare(config: LoadTestConfig, placement: Placement, binding: ModelBinding | None = None) -> PreparedRun:

@@ -1,7 +1,7 @@
 """A Locust process's hstu-replay state: who it is, and the run in progress.
 
 The run's lifecycle: `prepare` (validate, connect, open data: loadtest.prepare) -> `ActiveRun`
-(the sweep clock, the client's cache model, the accountant, clients) -> finish (loadtest.finish
+(the sweep clock, the fleet's cache models, the accountant, clients) -> finish (loadtest.finish
 writes the report from the run's statistics). One instance hangs off the Locust environment
 (`environment.hstu`); a rerun from the web UI starts a new `ActiveRun`.
 """
@@ -16,14 +16,12 @@ from typing import TYPE_CHECKING
 
 from hstu_replay.client.triton import ModelBinding
 from hstu_replay.loadtest.config import LoadTestConfig
+from hstu_replay.loadtest.fleet import Fleet
 from hstu_replay.loadtest.prepare import Placement, PreparedRun
 from hstu_replay.loadtest.records import RecordWriter, RequestRows
 from hstu_replay.loadtest.schedule import SweepClock
-from hstu_replay.plan.cache_model import CacheModel
-from hstu_replay.plan.keys import KeyAllocator
 from hstu_replay.plan.workloads import StepSource
 from hstu_replay.stats.accounting import Accountant
-from hstu_replay.stats.availability import Availability
 from hstu_replay.stats.run_stats import RunStats
 
 if TYPE_CHECKING:
@@ -40,11 +38,7 @@ class ActiveRun:
         self.stats = RunStats()
         self.server_stages: dict = {}  # bin name -> Triton queue/compute split (master / local)
         placement = prepared.placement
-        budget = self.config.cache.budget_tokens
-        workers = max(placement.worker_count, 1)
-        cache = self.config.cache
-        self.cache = CacheModel(None if budget <= 0 else budget // workers, cache.page_tokens,
-                                cache.host_budget_tokens // workers, cache.offload_mode, cache.offload_chunk_tokens)
+        self.fleet = Fleet(self.config, placement.worker_count, self.stats, self.say)
         self.records = None
         if placement.role.replays:
             self.records = RecordWriter(Path(self.config.report.report_dir),
@@ -52,7 +46,6 @@ class ActiveRun:
         self.rows = RequestRows(self.records) if prepared.kind.natural else None  # its report reads every request
         self.accountant = Accountant(self.stats, self.records if self.rows is None else self.rows,
                                      placement.worker_index)
-        self.availability = Availability(self.stats, self.say)
         self._users = itertools.count()
         self._clients: list = []
         self._said: set[str] = set()
@@ -82,15 +75,16 @@ class ActiveRun:
         return next(self._users)
 
     def source_for(self, user_index: int) -> StepSource:
-        keys = KeyAllocator(self.prepared.placement.worker_index, user_index)
-        return self.prepared.workload.source(keys, self.cache)
+        placement = self.prepared.placement
+        who = (placement.worker_index, user_index, placement.worker_count)
+        return self.prepared.workload.source(self.fleet.keys(*who), self.fleet.planning_cache(*who))
 
-    def open_client(self):
-        """A Triton client closed by `close()` at the latest: a gRPC channel left to the
-        interpreter's teardown can hang the process at exit."""
+    def open_client(self, server: int = 0):
+        """A Triton client of the fleet's server `server`, closed by `close()` at the latest: a gRPC
+        channel left to the interpreter's teardown can hang the process at exit."""
         from hstu_replay.client.triton import TritonClient
 
-        client = TritonClient(self.config.target.client_options())
+        client = TritonClient(self.config.target.client_options(max(server, 0)))
         client.binding = self.prepared.binding
         self._clients.append(client)
         return client

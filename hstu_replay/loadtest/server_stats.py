@@ -1,4 +1,4 @@
-"""Triton's own view of each stage: queue vs compute time from its statistics API.
+"""Triton's own view of each stage: queue vs compute time from its statistics API (a fleet's summed).
 
 A greenlet on the master (or the single process) snapshots the model's cumulative statistics
 when each stage's measured window opens and closes; the difference is that stage's split.
@@ -15,7 +15,7 @@ POLL_S = 0.05
 PHASES = ("queue", "compute_input", "compute_infer", "compute_output", "success")
 
 
-def _snapshot(client: TritonClient, model: str) -> dict[str, tuple[int, int]] | None:
+def _one(client: TritonClient, model: str) -> dict[str, tuple[int, int]] | None:
     stats = client.server_statistics(model)
     for entry in stats.get("model_stats", []):
         if entry.get("name") == model:
@@ -23,6 +23,15 @@ def _snapshot(client: TritonClient, model: str) -> dict[str, tuple[int, int]] | 
             return {p: (int(inference.get(p, {}).get("count", 0)), int(inference.get(p, {}).get("ns", 0)))
                     for p in PHASES}
     return None
+
+
+def _snapshot(clients: list[TritonClient], model: str) -> dict[str, tuple[int, int]] | None:
+    """The model's cumulative counts and times, summed over the fleet's servers (None where one
+    does not say)."""
+    each = [_one(c, model) for c in clients]
+    if any(e is None for e in each):
+        return None
+    return {p: (sum(e[p][0] for e in each), sum(e[p][1] for e in each)) for p in PHASES}
 
 
 def split(before: dict, after: dict) -> dict[str, float]:
@@ -38,12 +47,13 @@ def split(before: dict, after: dict) -> dict[str, float]:
 
 def watch(environment, run) -> None:
     model = run.config.target.model
-    client = TritonClient(run.config.target.client_options())
+    target = run.config.target
+    clients = [TritonClient(target.client_options(i)) for i in range(len(target.addresses))]
     pending: dict = {}  # the stage whose window is open, and the snapshot taken when it opened
 
     def close_window() -> None:
         if pending:
-            after = _snapshot(client, model)
+            after = _snapshot(clients, model)
             if pending["before"] and after:
                 run.server_stages[pending["stage"].key.name()] = split(pending["before"], after)
             pending.clear()
@@ -59,7 +69,7 @@ def watch(environment, run) -> None:
                 close_window()
                 current = None
             if measuring is not None and current is None:
-                pending.update(stage=measuring, before=_snapshot(client, model))
+                pending.update(stage=measuring, before=_snapshot(clients, model))
                 current = measuring
             if clock.started and position is None:
                 return
@@ -70,7 +80,8 @@ def watch(environment, run) -> None:
     def stop(**_):
         greenlet.kill(block=True)
         close_window()  # a run stopped at (or before) the end of its last stage still gets its split
-        client.close()
+        for client in clients:
+            client.close()
         environment.events.test_stop.remove_listener(stop)
 
     environment.events.test_stop.add_listener(stop)

@@ -12,6 +12,7 @@ from hstu_replay.errors import HstuReplayError, ServerUnavailable
 from hstu_replay.loadtest.runtime import ActiveRun
 from hstu_replay.loadtest.schedule import StagePosition
 from hstu_replay.plan.arrivals import ArrivalClock
+from hstu_replay.plan.keys import route_key
 from hstu_replay.plan.step import PlannedStep
 from hstu_replay.request import RequestTensors
 from hstu_replay.stats.accounting import Outcome, Sent
@@ -36,11 +37,11 @@ class HstuUser(User):
         if self.run is None:  # the run failed to prepare and is being stopped: send nothing
             return
         self.index = self.run.new_user_index()
-        self.client = self.run.open_client()
+        self.clients: dict = {}  # server index -> its client, opened at the first request to it
         self.source = self.run.source_for(self.index)
         self.rng = random.Random(self.run.config.data.seed * 7919 + self.index)
         self.arrivals: ArrivalClock | None = None
-        self.epoch = self.run.availability.epoch  # of the server's cache, as this user planned for it
+        self.epoch = self.run.fleet.epoch  # of the servers' caches, as this user planned for them
         self.backoff = 0.0
 
     def _arrival_clock(self) -> ArrivalClock | None:
@@ -54,8 +55,13 @@ class HstuUser(User):
                             self.rng)
 
     def on_stop(self):
-        if hasattr(self, "client"):
-            self.client.close()
+        for client in getattr(self, "clients", {}).values():
+            client.close()
+
+    def _client(self, server: int):
+        if server not in self.clients:
+            self.clients[server] = self.run.open_client(server)
+        return self.clients[server]
 
     @task
     def replay(self):
@@ -71,9 +77,9 @@ class HstuUser(User):
         if position is None:
             gevent.sleep(IDLE_S)
             return
-        if self.epoch != run.availability.epoch:  # the server came back empty: plan afresh
+        if self.epoch != run.fleet.epoch:  # a server came back empty: plan afresh
             self.source.reset()
-            self.epoch = run.availability.epoch
+            self.epoch = run.fleet.epoch
         key = position.stage.key
         try:
             step = self.source.next_step(key.goal_ratio if run.prepared.caches else 0.0, key.batch_size)
@@ -86,7 +92,7 @@ class HstuUser(User):
             intended = run.clock.started_at + step.send_at_s
             position = run.clock.position(intended)
             if position is None:  # after the end of the sweep: not sent
-                run.cache.retire(self.source.settle(step, False))
+                run.fleet.retire(self.source.settle(step, False))
                 return
         kind = "warmup" if position.warming_up else "measure"
         outcome = None
@@ -99,10 +105,11 @@ class HstuUser(User):
         else:  # without its prime the request cannot be what the stage measures: it fails with it
             run.accountant.file(Sent(kind, position.stage.key, step.request, step.expected_hits,
                                      (0,) * step.request.batch_size,
-                                     Outcome(0.0, error="not sent: its priming request failed"), step.label, self.index))
+                                     Outcome(0.0, error="not sent: its priming request failed"), step.label,
+                                     self.index, server=run.fleet.route(step.request).index))
         retired = self.source.settle(step, outcome.ok)
         if run.prepared.caches:
-            run.cache.retire(retired)
+            run.fleet.retire(retired)
         if outcome.refused:  # the server is away: back off instead of a storm of failures
             self.backoff = min(max(self.backoff * 2, BACKOFF_S[0]), BACKOFF_S[1])
             gevent.sleep(self.backoff)
@@ -114,22 +121,23 @@ class HstuUser(User):
         """Send one request and file it; a failed one leaves its keys' server state unknown."""
         run = self.run
         caches = run.prepared.caches
-        predicted = run.cache.predict_tiers(request) if caches else None
+        server = run.fleet.route(request)
+        predicted = run.fleet.predict(server, request) if caches else None
         start = time.monotonic()
         try:
-            response = self.client.infer(request)
+            response = self._client(server.index).infer(request, route_key(int(request.user_ids[0])))
             outcome = Outcome(response.latency_s, response.logits, response.cached_tokens,
                               host_cached_tokens=response.host_cached_tokens)
         except HstuReplayError as exc:
             outcome = Outcome(time.monotonic() - start, error=str(exc), refused=isinstance(exc, ServerUnavailable))
             if caches:
-                run.cache.forget(request)
+                run.fleet.forget(server, request)
         if outcome.refused:
-            run.availability.refused(position.stage.key)
-        elif run.availability.answered():
-            run.cache.clear()
+            server.availability.refused(position.stage.key)
+        elif server.availability.answered():
+            run.fleet.lost_cache(server)
         label = step.label + " (prime)" if prime else step.label
-        if kind == "measure" and self.epoch != run.availability.epoch:  # its plan assumed the lost cache
+        if kind == "measure" and self.epoch != run.fleet.epoch:  # its plan assumed the lost cache
             kind, label = "warmup", label + " (planned before the server restarted)"
         if intended is not None:
             outcome.lag_s = max(start - intended, 0.0)
@@ -147,7 +155,7 @@ class HstuUser(User):
         hits = (0,) * request.batch_size if prime else step.expected_hits
         run.accountant.file(Sent(kind, position.stage.key, request, hits,
                                  predicted.hits if predicted else (0,) * request.batch_size, outcome, label,
-                                 self.index, predicted.host if predicted else ()))
+                                 self.index, predicted.host if predicted else (), server.index))
         if kind == "measure" and outcome.ok:
             run.clock.measured(position.stage)
         self.environment.events.request.fire(

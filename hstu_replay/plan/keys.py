@@ -3,22 +3,28 @@
 A key is [run nonce: 20 bits][owner: 20 bits][counter: 23 bits]: owner = worker index x 4096
 + virtual-user index, so keys stay disjoint across Locust workers, and a new run against the
 same server never meets a key an earlier run left cached.
+
+In a fleet under `key-hash` each key goes to the server the hash gives it; a virtual user whose
+requests go to one server (`lands`) draws only keys that land there: its batches share a server.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 
-from hstu_replay.errors import ConfigError
+from hstu_replay.errors import ConfigError, PlanError
 
 _COUNTER_BITS = 23
 _OWNER_BITS = 20
 _NONCE_BITS = 20
 MAX_USERS_PER_WORKER = 4096
+MAX_KEY_DRAWS = 4096  # keys drawn for one that lands on the user's server (about one per server expected)
 
 
 class KeyAllocator:
-    def __init__(self, worker_index: int, user_index: int, nonce: int | None = None):
+    def __init__(self, worker_index: int, user_index: int, nonce: int | None = None,
+                 lands: Callable[[int], bool] | None = None):
         if not 0 <= user_index < MAX_USERS_PER_WORKER:
             raise ConfigError(f"virtual user index {user_index}: at most {MAX_USERS_PER_WORKER} per worker")
         owner = worker_index * MAX_USERS_PER_WORKER + user_index
@@ -27,17 +33,28 @@ class KeyAllocator:
         nonce = secrets.randbits(_NONCE_BITS) if nonce is None else nonce % (1 << _NONCE_BITS)
         self._base = ((nonce << _OWNER_BITS) | owner) << _COUNTER_BITS
         self._next = 0
+        self._lands = lands  # which keys this user may use (None: every key)
+
+    @property
+    def route_key(self) -> int:
+        """The route key of every key this allocator makes (see `route_key`)."""
+        return route_key(self._base)
 
     def new_key(self) -> int:
-        if self._next >= 1 << _COUNTER_BITS:
-            raise ConfigError("this virtual user ran out of cache keys; shorten the run")
-        self._next += 1
-        return self._base + self._next
+        for _ in range(MAX_KEY_DRAWS):
+            if self._next >= (1 << _COUNTER_BITS) - 1:
+                raise ConfigError("this virtual user ran out of cache keys; shorten the run")
+            self._next += 1
+            key = self._base + self._next
+            if self._lands is None or self._lands(key):
+                return key
+        raise PlanError(f"no key of {MAX_KEY_DRAWS} drawn lands on this virtual user's server")
 
 
 def route_key(key: int) -> int:
-    """The number of the virtual user that made `key` (worker index x 4096 + its index): what a
-    fleet routes a request by, the same for every key that user makes, in every run."""
+    """The number of the virtual user that made `key` (worker index x 4096 + its index): what the
+    routing header carries, the same for every key that user makes, in every run, so that a
+    gateway hashing on it keeps a user's batches on one server."""
     return (key >> _COUNTER_BITS) & ((1 << _OWNER_BITS) - 1)
 
 

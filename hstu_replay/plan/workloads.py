@@ -127,7 +127,8 @@ class DumpWorkload:
             raise ConfigError(f"--dump-dir {options.path}: holds no dumped users")
         self.dealer = Dealer(range(len(self.pool)), options.seed, options.worker_index, options.worker_count,
                              identities=pool_identities(self.pool))
-        self.held: dict = {}  # dumped user -> key holding its full history (see DumpSource)
+        self.held: dict[int, dict] = {}  # per server's cache model: dumped user -> key holding its full
+        # history (see DumpSource); keys are shared only among the sources that send to one server
 
     def check(self, batch_sizes: tuple[int, ...]) -> None:
         o, limits = self.options, self.options.limits
@@ -153,7 +154,7 @@ class DumpWorkload:
     def source(self, keys: KeyAllocator, cache=None) -> StepSource:
         from hstu_replay.plan.dumps import DumpSource
 
-        return DumpSource(self.pool, self.dealer, self.held, keys, self.options.limits)
+        return DumpSource(self.pool, self.dealer, self.held.setdefault(id(cache), {}), keys, self.options.limits)
 
 
 class TimelineWorkload:

@@ -17,6 +17,9 @@ from hstu_replay.stats.run_stats import BinKey, BinStats
 RATIO_TOLERANCE = 0.005
 
 
+#: A server whose p99 exceeds this many times the median p99 of the others breaks alone: the hot shard.
+HOT_SHARD_P99_FACTOR = 2.0
+
 #: What each flag means for the stage's figures, in words (reports explain the flags they show).
 FLAG_MEANINGS = {
     "thin": "fewer measured requests than --min-stage-requests: its percentiles rest on too few samples",
@@ -28,6 +31,10 @@ FLAG_MEANINGS = {
     "server-down": "the server was unreachable for part of the stage: its figures mix outage and service",
     "worker-lost": "a worker of the distributed run was lost during or before the stage: from then on it ran "
                    "with fewer users than asked for, another operating point",
+    "hot-shard": f"one server of the fleet failed requests, or its p99 (the low end of its 95% interval) was over "
+                 f"{HOT_SHARD_P99_FACTOR:g}x the other servers' median, while the others did not: the fleet's capacity is that server's",
+    "server-lost": "a server of the fleet was unreachable for part of the stage: its users' requests failed there "
+                   "while the run went on with the rest",
 }
 
 

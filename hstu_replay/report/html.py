@@ -21,6 +21,7 @@ from hstu_replay.output.text import NO_VALUE, cell, fmt
 from hstu_replay.report.natural import natural_html
 from hstu_replay.report.summary import goal_name, latency_table
 from hstu_replay.report.charts import charts
+from hstu_replay.report.fleet_section import fleet_table
 from hstu_replay.report.tier_section import shows_tiers, tier_table
 from hstu_replay.report.worker_events import workers_html
 
@@ -197,6 +198,18 @@ def tiers_section(report: dict) -> list[str]:
     return ["<h2>Cache tiers: GPU hit, host hit, miss</h2>", TIERS_NOTE, grid(tier_table(report))]
 
 
+def fleet_html(report: dict) -> list[str]:
+    """The fleet's heading, note and per-server table for a run against several servers; else nothing."""
+    fleet = report.get("fleet")
+    if not fleet:
+        return []
+    return [f"<h2>Fleet: {len(fleet['servers'])} servers, --routing {escape(fleet['routing'])}</h2>",
+            "<p>Each server's share of the stage's requests, its hit ratio as it reported it (observed) and as the "
+            "client's model of its cache predicted it, its latency and failures; the imbalance is the busiest "
+            "server's requests over the mean (the hot-shard and server-lost flags are on the stages).</p>",
+            grid(fleet_table(report), text_cols=3)]
+
+
 def render_html(report: dict) -> str:
     """The whole page."""
     run = report.get("run") or {}
@@ -211,6 +224,7 @@ def render_html(report: dict) -> str:
         grid(latency),
         "<h2>Stages: target vs achieved hit ratio</h2>", _stages(report["stages"]),
         *tiers_section(report),
+        *fleet_html(report),
         *(natural_html(report["natural"]) if report.get("natural") else ()),
         *workers_html(report),
         "<h2>Flags</h2>", _flags(report["stages"]),

@@ -19,6 +19,11 @@ from hstu_replay.report.tier_section import TIER_COLUMNS, shows_tiers, tier_colu
 
 JSON_NAME = "report.json"
 CSV_NAME = "report.csv"
+FLEET_CSV_NAME = "fleet.csv"
+#: fleet.csv's columns of each server's row
+FLEET_COLUMNS = ("server", "index", "requests", "errors", "failures", "share", "throughput_rps", "observed_ratio",
+                 "predicted_ratio", "achieved_ratio", "hit_source", "hit_disagreements", "p50_ms", "p99_ms", "p99_ci_ms",
+                 "mean_ms", "ms_per_logical_request", "prime_requests", "server_down_s")
 HTML_NAME = "report.html"
 
 
@@ -55,7 +60,23 @@ def report_csv(report: dict) -> str:
     return buf.getvalue()
 
 
+def fleet_csv(report: dict) -> str:
+    """One row per (stage, server) of a fleet."""
+    fields = ["stage", "batch_size", "target_ratio", "imbalance", *FLEET_COLUMNS]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(fields)
+    for stage in report["fleet"]["stages"]:
+        for row in stage["servers"]:
+            w.writerow([_csv_value(v) for v in (stage["name"], stage["batch_size"], stage["target_ratio"],
+                                                stage["imbalance"], *(row[k] for k in FLEET_COLUMNS))])
+    return buf.getvalue()
+
+
 def write_csv(report: dict, out_dir: Path) -> Path:
+    """report.csv, and fleet.csv beside it for a run against several servers."""
+    if report.get("fleet"):
+        atomic_write(Path(out_dir) / FLEET_CSV_NAME, fleet_csv(report).encode())
     return atomic_write(Path(out_dir) / CSV_NAME, report_csv(report).encode())
 
 

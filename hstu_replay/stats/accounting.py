@@ -51,6 +51,7 @@ class Sent:
     label: str
     user: int  # virtual user index in its process
     predicted_host_hits: tuple[int, ...] = ()  # the part of predicted_hits the model onboards from the host
+    server: int = -1  # the fleet's server it went to (-1: the only server)
 
 
 class RecordSink(Protocol):
@@ -69,20 +70,29 @@ class Accountant:
         if sent.kind == "warmup":
             self.stats.warmup_requests += 1
             return
-        b = self.stats.bin(sent.stage)
+        bins = [self.stats.bin(sent.stage)]
+        if sent.server >= 0:
+            bins.append(self.stats.server_bin(sent.stage, sent.server))
+        if not outcome.ok:
+            self.stats.count_error(f"prime: {outcome.error}" if sent.kind == "prime" else outcome.error)
+        for b in bins:
+            self._file_into(b, sent, tokens)
+        if outcome.verdict is not None and not outcome.verdict.ok:
+            self.stats.count_error(outcome.mismatch)
+
+    def _file_into(self, b, sent: Sent, tokens: int) -> None:
+        """`sent` added to one bin's counters (the stage's, or its server's)."""
+        outcome, request = sent.outcome, sent.request
         if sent.kind == "prime":
             b.prime_requests += 1
             b.prime_failures += not outcome.ok
             b.prime_tokens += tokens - sum(sent.predicted_hits) if outcome.ok else 0
-            if not outcome.ok:
-                self.stats.count_error(f"prime: {outcome.error}")
             return
         now = time.time()
         b.first_start = min(b.first_start, now - outcome.latency_s)
         b.last_end = max(b.last_end, now)
         if not outcome.ok:
             b.errors += 1
-            self.stats.count_error(outcome.error)
             return
         b.latency.record(outcome.latency_s)
         if outcome.lag_s is not None:
@@ -106,9 +116,7 @@ class Accountant:
         self._file_tiers(b, sent, tokens)
         if outcome.verdict is not None:
             b.verified += 1
-            if not outcome.verdict.ok:
-                b.mismatches += 1
-                self.stats.count_error(outcome.mismatch)
+            b.mismatches += not outcome.verdict.ok
 
     @staticmethod
     def _file_tiers(b, sent: Sent, tokens: int) -> None:
@@ -140,6 +148,8 @@ class Accountant:
             "ok": outcome.ok, "error": outcome.error or None, "label": sent.label,
             "worker": self.worker_index, "user": sent.user,
         }
+        if sent.server >= 0:
+            record["server"] = sent.server
         if outcome.verdict is not None:
             record["max_abs_diff"] = outcome.verdict.max_abs_diff
             record["mismatch"] = not outcome.verdict.ok

@@ -14,8 +14,9 @@ from hstu_replay.stats.run_stats import BinKey, RunStats
 
 
 class Availability:
-    def __init__(self, stats: RunStats, say: Callable[[str], None]):
+    def __init__(self, stats: RunStats, say: Callable[[str], None], server: int = -1, name: str = "the server"):
         self.stats, self.say = stats, say
+        self.server, self.name = server, name  # a fleet's server: its index (its figures') and address
         self.epoch = 0
         self.down_since: float | None = None  # time.monotonic()
         self._stage: BinKey | None = None
@@ -27,7 +28,7 @@ class Availability:
     def refused(self, stage: BinKey, now: float | None = None) -> None:
         if self.down_since is None:
             self.down_since, self._stage = time.monotonic() if now is None else now, stage
-            self.say(f"the server stopped answering (stage {stage.name()}); users back off until it returns")
+            self.say(f"{self.name} stopped answering (stage {stage.name()}); its users back off until it returns")
 
     def answered(self, now: float | None = None) -> bool:
         """True when this answer ends an outage (a new epoch begins)."""
@@ -35,8 +36,10 @@ class Availability:
             return False
         down = (time.monotonic() if now is None else now) - self.down_since
         self.stats.bin(self._stage).server_down_s += down
+        if self.server >= 0:
+            self.stats.server_bin(self._stage, self.server).server_down_s += down
         self.down_since, self._stage = None, None
         self.epoch += 1
-        self.say(f"the server answers again after {down:.1f} s; cache predictions made before are void, "
+        self.say(f"{self.name} answers again after {down:.1f} s; cache predictions made before are void, "
                  "every cache key is replaced")
         return True

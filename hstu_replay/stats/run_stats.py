@@ -162,11 +162,19 @@ class RunStats:
     bins: dict[BinKey, BinStats] = field(default_factory=dict)
     warmup_requests: int = 0
     errors: dict[str, int] = field(default_factory=dict)  # one-line reason -> count
+    servers: dict[tuple[BinKey, int], BinStats] = field(default_factory=dict)  # a fleet's: (stage, server)
 
     def bin(self, key: BinKey) -> BinStats:
         if key not in self.bins:
             self.bins[key] = BinStats()
         return self.bins[key]
+
+    def server_bin(self, key: BinKey, server: int) -> BinStats:
+        """Stage `key`'s figures at server `server` of a fleet (beside the stage's own)."""
+        at = (key, server)
+        if at not in self.servers:
+            self.servers[at] = BinStats()
+        return self.servers[at]
 
     def count_error(self, reason: str) -> None:
         if reason not in self.errors and len(self.errors) >= MAX_ERROR_REASONS:
@@ -176,6 +184,8 @@ class RunStats:
     def merge(self, other: RunStats) -> None:
         for key, stats in other.bins.items():
             self.bin(key).merge(stats)
+        for (key, server), stats in other.servers.items():
+            self.server_bin(key, server).merge(stats)
         self.warmup_requests += other.warmup_requests
         for reason, n in other.errors.items():
             self.errors[reason] = self.errors.get(reason, 0) + n
@@ -185,6 +195,7 @@ class RunStats:
             "bins": [[k.batch_size, k.goal_ratio, v.to_dict()] for k, v in sorted(self.bins.items())],
             "warmup_requests": self.warmup_requests,
             "errors": dict(self.errors),
+            "servers": [[k.batch_size, k.goal_ratio, i, v.to_dict()] for (k, i), v in sorted(self.servers.items())],
         }
 
     @classmethod
@@ -193,11 +204,12 @@ class RunStats:
             bins={BinKey(int(b), float(r)): BinStats.from_dict(v) for b, r, v in d["bins"]},
             warmup_requests=d["warmup_requests"],
             errors=dict(d["errors"]),
+            servers={(BinKey(int(b), float(r)), int(i)): BinStats.from_dict(v) for b, r, i, v in d.get("servers", ())},
         )
 
     def take(self) -> RunStats:
         """Return what was gathered since the last take and start afresh (for worker reports)."""
-        taken = RunStats(self.bins, self.warmup_requests, self.errors)
-        self.bins, self.errors = {}, {}
+        taken = RunStats(self.bins, self.warmup_requests, self.errors, self.servers)
+        self.bins, self.errors, self.servers = {}, {}, {}
         self.warmup_requests = 0
         return taken

@@ -80,7 +80,7 @@ def test_the_markdown_rows_are_the_readme_layout(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "| option | env | default | meaning |"
     assert {ROW.match(line).group(1) for line in lines[2:]} == {
-        "--cache-budget-tokens", "--cache-page-tokens", "--host-budget-tokens", "--offload-mode",
+        "--cache-budget-tokens", "--fleet-budgets", "--cache-page-tokens", "--host-budget-tokens", "--offload-mode",
         "--offload-chunk-tokens", "--tier-mix", "--working-set"}
 
 
