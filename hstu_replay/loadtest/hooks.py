@@ -154,6 +154,8 @@ def _test_stop(environment, **_):
     if runtime.run is None:
         return
     runtime.run.ended = True
+    for server in runtime.run.fleet.servers:  # an outage still going counts up to the end
+        server.availability.settle()
     if runtime.role.reports:
         from hstu_replay.loadtest.finish import write_report
 

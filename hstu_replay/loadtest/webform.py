@@ -81,6 +81,8 @@ def check_form(form, options, host: str | None, policy: FormPolicy, secrets: dic
         if not policy.edit_target:
             raise ConfigError(f"the target address is fixed to {host} (start with --web-edit-target to change it "
                               "from the web form)")
+        if (new_host or "").strip().startswith("@"):
+            raise ConfigError("the Host field takes addresses (a fleet's comma-separated), not an @file to read")
     LoadTestConfig.from_options(argparse.Namespace(**trial), host=new_host, secrets=secrets)
 
 

@@ -3,7 +3,7 @@ table, live while the run goes, and the live HTML report one click away.
 
 Locust's extended tab is a table fed by `extended_stats` in /stats/requests; the charts are the
 report's SVG charts (report/charts.py), fetched from /hstu/charts and placed above that table by a small
-script (webui_tab.js) added to Locust's page. Rows and charts come from one report object: the
+script (webui_tab.js) added to Locust's page, with the tier and fleet sections of the HTML report. Rows and charts come from one report object: the
 report written at the end of the run (report.json) once it ended, the live one before.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from flask import Response, request
 
-from hstu_replay.report.html import source_label, tiers_section
+from hstu_replay.report.html import fleet_html, source_label, tiers_section
 from hstu_replay.output.page import escape
 from hstu_replay.report.summary import goal_name
 from hstu_replay.report.tier_section import shows_tiers, tier_columns
@@ -76,7 +76,8 @@ def charts_fragment(report: dict | None) -> str:
     workers = "".join(f'<p style="margin:4px 0;color:#c60">{escape(line)}</p>' for line in loss_lines(report))
     return (workers + '<div style="display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start">'
             + "".join(charts(report))
-            + "</div>" + "".join(tiers_section(report)) + '<p style="margin:4px 0 12px">'
+            + "</div>" + "".join(tiers_section(report)) + "".join(fleet_html(report))
+            + '<p style="margin:4px 0 12px">'
             '<a style="color:inherit" href="/hstu/report.html" target="_blank" rel="noopener">Full report (HTML)</a>'
             ' &middot; <a style="color:inherit" href="/hstu/report.json" target="_blank" rel="noopener">report.json</a>'
             "</p>")

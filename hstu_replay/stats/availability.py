@@ -30,14 +30,26 @@ class Availability:
             self.down_since, self._stage = time.monotonic() if now is None else now, stage
             self.say(f"{self.name} stopped answering (stage {stage.name()}); its users back off until it returns")
 
+    def _count_down(self, now: float | None) -> float:
+        """The outage so far added to the stage it began in (and to its server's figures)."""
+        now = time.monotonic() if now is None else now
+        down = now - self.down_since
+        self.stats.bin(self._stage).server_down_s += down
+        if self.server >= 0:
+            self.stats.server_bin(self._stage, self.server).server_down_s += down
+        self.down_since = now
+        return down
+
+    def settle(self, now: float | None = None) -> None:
+        """At the end of a run: an outage still going counts up to now (and on, if it goes on)."""
+        if self.down_since is not None:
+            self._count_down(now)
+
     def answered(self, now: float | None = None) -> bool:
         """True when this answer ends an outage (a new epoch begins)."""
         if self.down_since is None:
             return False
-        down = (time.monotonic() if now is None else now) - self.down_since
-        self.stats.bin(self._stage).server_down_s += down
-        if self.server >= 0:
-            self.stats.server_bin(self._stage, self.server).server_down_s += down
+        down = self._count_down(now)
         self.down_since, self._stage = None, None
         self.epoch += 1
         self.say(f"{self.name} answers again after {down:.1f} s; cache predictions made before are void, "

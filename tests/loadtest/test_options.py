@@ -74,3 +74,58 @@ def test_the_web_form_classes_of_the_options():
     assert set(ADDRESS_OPTIONS) == {"triton_url", "triton_protocol", "triton_ssl"}
     assert set(PATH_OPTIONS) == {"triton_root_cert", "store", "dump_dir", "report_dir"}
     assert SECRETS == ("triton_headers",)
+
+
+def test_a_fleet_is_a_list_or_a_file_of_addresses(tmp_path):
+    listed = tmp_path / "fleet.txt"
+    listed.write_text("# the fleet\ngrpc://a:8001\n\nb:8001  # second\n")
+    assert resolve_address("grpc://a:8001,b:8001", "", "grpc", False) == ("a:8001,b:8001", "grpc", False)
+    assert resolve_address(f"@{listed}", "", "grpc", False) == ("a:8001,b:8001", "grpc", False)
+    assert resolve_address(None, "https://a:1,https://b:2", "grpc", False) == ("a:1,b:2", "http", True)
+
+
+@pytest.mark.parametrize("host, message", [
+    ("a:8001,b:8001,A:8001", "A:8001 is given twice"),
+    ("grpc://a:8001,http://b:8000", "the same protocol and TLS"),
+    ("http://a:8000,https://b:8443", "the same protocol and TLS"),
+    ("a:8001,,b:8001", "an empty address in the list"),
+    ("@/nonexistent/fleet.txt", "cannot read the list of addresses"),
+    (",".join(f"h{i}:1" for i in range(257)), "at most 256 in one fleet"),
+])
+def test_a_bad_fleet_is_refused_in_one_line(host, message):
+    with pytest.raises(ConfigError, match=message) as caught:
+        resolve_address(host, "", "grpc", False)
+    assert caught.value.exit_code == 2 and "\n" not in str(caught.value)
+
+
+def test_an_empty_fleet_file_is_refused(tmp_path):
+    empty = tmp_path / "none.txt"
+    empty.write_text("# nothing yet\n")
+    with pytest.raises(ConfigError, match="names no address"):
+        resolve_address(f"@{empty}", "", "grpc", False)
+
+
+def test_a_fleet_config_names_each_server_its_routing_and_budgets(tmp_path):
+    parsed = argparse.Namespace(workload="dumps", dump_dir=str(tmp_path), routing="round-robin",
+                                routing_header="X-Hstu-Route", fleet_budgets="1000,2000")
+    config = LoadTestConfig.from_options(parsed, host="grpc://a:8001,b:8001")
+    assert config.target.addresses == ("a:8001", "b:8001")
+    assert config.target.url == "grpc://a:8001,grpc://b:8001"
+    assert config.target.routing.value == "round-robin"
+    assert [config.target.client_options(i).url for i in (0, 1)] == ["a:8001", "b:8001"]
+    assert config.target.client_options(1).route_header == "x-hstu-route"
+    assert config.cache.gpu_budgets(2) == (1000, 2000)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"fleet_budgets": "1000"}, "--fleet-budgets gives 1 budgets for a fleet of 2 servers"),
+    ({"fleet_budgets": "1000,x"}, "--fleet-budgets"),
+    ({"routing_header": "x-route: 1"}, "--routing-header 'x-route: 1': a header name is"),
+    ({"routing_header": "x\r\ny"}, "a header name is"),
+    ({"routing": "sticky"}, "--routing 'sticky'"),
+])
+def test_bad_fleet_options_are_refused_in_one_line(tmp_path, options, message):
+    parsed = argparse.Namespace(workload="dumps", dump_dir=str(tmp_path), **options)
+    with pytest.raises(ConfigError, match=message) as caught:
+        LoadTestConfig.from_options(parsed, host="grpc://a:8001,b:8001")
+    assert caught.value.exit_code == 2 and "\n" not in str(caught.value).replace("\\n", "")

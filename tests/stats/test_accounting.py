@@ -98,3 +98,36 @@ def test_users_are_counted_by_tier_predicted_and_observed():
     assert (b.predicted_gpu_users, b.predicted_host_users, b.predicted_miss_users) == (4, 2, 2)
     assert (b.observed_gpu_users, b.observed_host_users, b.observed_miss_users) == (2, 2, 4)
     assert (b.predicted_host_hits, b.observed_host_hits) == (10, 20)
+
+
+def test_a_fleet_request_lands_in_its_stage_and_in_its_server():
+    stats = RunStats()
+    acc = Accountant(stats, None, 0)
+    for server, totals, hits in ((0, (100,), [100]), (1, (60,), [0]), (1, (40,), [40])):
+        acc.file(Sent("measure", STAGE, _Request(totals), (0,), tuple(hits), Outcome(0.01, cached_tokens=np.array(hits)),
+                      "x", 0, server=server))
+    acc.file(Sent("measure", STAGE, _Request((10,)), (0,), (0,), Outcome(0.01, error="refused"), "x", 0, server=1))
+    whole, first, second = stats.bins[STAGE], stats.servers[STAGE, 0], stats.servers[STAGE, 1]
+    assert (whole.requests, first.requests, second.requests) == (3, 1, 2)
+    assert (first.observed_ratio, second.observed_ratio, whole.observed_ratio) == (1.0, 0.4, 0.7)
+    assert (whole.errors, first.errors, second.errors) == (1, 0, 1)
+    assert stats.errors == {"refused": 1}  # counted once, not once per bin
+    again = RunStats.from_dict(stats.to_dict())  # as a worker's report carries it to the master
+    assert again.servers[STAGE, 1].requests == 2 and again.servers[STAGE, 1].observed_hits == 40
+    merged = RunStats()
+    merged.merge(stats)
+    merged.merge(again)
+    assert merged.servers[STAGE, 1].requests == 4
+
+
+def test_an_outage_of_a_fleet_server_is_counted_on_it_and_at_the_end_even_if_it_goes_on():
+    from hstu_replay.stats.availability import Availability
+
+    stats = RunStats()
+    availability = Availability(stats, lambda _: None, server=2, name="127.0.0.1:9001")
+    availability.refused(STAGE, now=5.0)
+    availability.settle(now=9.0)  # the run ends with the server still away
+    assert stats.bins[STAGE].server_down_s == 4.0 and stats.servers[STAGE, 2].server_down_s == 4.0
+    assert availability.down and availability.epoch == 0
+    assert availability.answered(now=10.0)  # only the rest is added
+    assert stats.servers[STAGE, 2].server_down_s == 5.0
