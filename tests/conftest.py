@@ -218,16 +218,18 @@ class OracleHandle:
 @pytest.fixture(scope="session")
 def oracle_servers(tmp_path_factory) -> Iterator[Callable[..., OracleHandle]]:
     """`get(cached_tokens, budget_tokens=0, page_tokens=32, max_values=40000, host_budget_tokens=0,
-    offload_mode="flexkv") -> OracleHandle` (a host budget: the two-tier variant): each distinct
-    variant is started once per session on free ports and stopped at the end. Its cache and log are shared by
+    offload_mode="flexkv", instance=0) -> OracleHandle` (a host budget: the two-tier variant; another
+    instance: another server of the same variant, for a fleet): each distinct variant is started
+    once per session on free ports and stopped at the end. Its cache and log are shared by
     every test that asks for that variant: use keys of your own and look only at records you caused."""
     from tests.oracle.server import CONTROL_MODEL, MODEL_NAME
 
     started: dict[tuple, OracleHandle] = {}
 
     def get(cached_tokens: bool, budget_tokens: int = 0, page_tokens: int = 32,
-            max_values: int = 40000, host_budget_tokens: int = 0, offload_mode: str = "flexkv") -> OracleHandle:
-        variant = (cached_tokens, budget_tokens, page_tokens, max_values, host_budget_tokens, offload_mode)
+            max_values: int = 40000, host_budget_tokens: int = 0, offload_mode: str = "flexkv",
+            instance: int = 0) -> OracleHandle:
+        variant = (cached_tokens, budget_tokens, page_tokens, max_values, host_budget_tokens, offload_mode, instance)
         if variant not in started:
             root = tmp_path_factory.mktemp("oracle")
             ports = Ports.free(cache_metrics=False)

@@ -77,3 +77,222 @@ def test_one_address_is_the_single_server_run(tmp_path):
     one = Fleet(LoadTestConfig.from_options(parsed, host="grpc://127.0.0.1:9001"), 1, RunStats(), lambda _: None)
     assert not one.many and one.servers[0].index == -1 and one.home(0, 5, 1) is None
     assert one.route(request([7], [10])) is one.servers[0]
+
+
+# -- real runs: oracle servers (real tritonservers with their own KV-cache bookkeeping) as a fleet -----------
+
+import json  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import time  # noqa: E402
+
+import pytest  # noqa: E402
+
+from hstu_replay.loadtest.records import read_records  # noqa: E402
+from hstu_replay.report.flags import ratio_tolerance  # noqa: E402
+from tests.conftest import run_distributed, run_locust  # noqa: E402
+from tests.oracle.join import oracle_view  # noqa: E402
+
+PAGE = 32
+
+
+@pytest.fixture(scope="module")
+def oracle_fleet(oracle_servers):
+    """Three oracle servers answering CACHED_TOKENS from their own unbounded caches."""
+    return [oracle_servers(cached_tokens=True, instance=i) for i in range(3)]
+
+
+def fleet_args(servers, protocol: str = "grpc") -> list[str]:
+    urls = ",".join(s.http_url if protocol == "http" else s.grpc_url for s in servers)
+    return ["--host", urls, "--triton-protocol", protocol, "--verify-fraction", "0", "--warmup-seconds", "0.5",
+            "--max-history", "256"]
+
+
+def check_against_servers(report: dict, records: list[dict], servers, starts: list[int], affinity: bool = True) -> dict:
+    """Each request reached the server its record names, and (with `affinity`) no key two servers;
+    per (stage, server), the ratio the report gives is what that server counted. Returns
+    {(stage, server): ratio}."""
+    seen = [s.records()[start:] for s, start in zip(servers, starts)]
+    owners: dict[int, set[int]] = {}
+    for i, entries in enumerate(seen):
+        assert not [e for e in entries if e["violations"]]
+        for e in entries:
+            for key in e["keys"]:
+                owners.setdefault(key, set()).add(i)
+    assert not affinity or all(len(o) == 1 for o in owners.values()), "a key reached two servers"
+    counted = {}
+    addresses = report["fleet"]["servers"]
+    for i, entries in enumerate(seen):
+        mine = [r for r in records if r.get("server") == i]
+        view = oracle_view(mine, entries)  # every answered request of server i is in server i's own log
+        for stage in report["fleet"]["stages"]:
+            row = stage["servers"][i]
+            assert row["server"] == addresses[i]
+            hits, tokens = view.get(stage["name"], (0, 0))
+            if tokens:
+                assert row["observed_ratio"] == pytest.approx(hits / tokens, abs=1e-9)
+                counted[stage["name"], i] = hits / tokens
+    return counted
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_key_hash_meets_the_target_on_every_server(oracle_fleet, sample_store, tmp_path, protocol):
+    servers = oracle_fleet[:3] if protocol == "grpc" else oracle_fleet[:2]
+    starts = [len(s.records()) for s in servers]
+    result = run_locust(tmp_path, "-u", "6", "-r", "6", *fleet_args(servers, protocol), "--workload", "sessions",
+                        "--store", str(sample_store), "--hit-ratios", "0.5,1.0", "--batch-sizes", "1,8",
+                        "--stage-seconds", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = result.report
+    counted = check_against_servers(report, read_records(tmp_path), servers, starts)
+    ring = plain_ring([s.grpc_url if protocol == "grpc" else s.http_url for s in servers])
+    for r in read_records(tmp_path):
+        assert ring(r["keys"][0]) == r["server"]  # the ring written apart routes it there too
+    for stage in report["fleet"]["stages"]:
+        mean = report["stages"][[s["name"] for s in report["stages"]].index(stage["name"])]["mean_history_tokens"]
+        for i, row in enumerate(stage["servers"]):
+            assert row["requests"] >= 3, (stage["name"], row)
+            ratio = counted[stage["name"], i]
+            assert abs(ratio - stage["target_ratio"]) <= ratio_tolerance(mean, PAGE), (stage["name"], i, ratio)
+            assert row["predicted_ratio"] == pytest.approx(ratio, abs=1e-9)  # the client's model of that server
+        assert stage["imbalance"] < 1.6
+    assert "the fleet's servers (--routing key-hash)" in result.stdout
+    assert (tmp_path / "fleet.csv").read_text().count("\n") == 1 + 4 * len(servers)
+
+
+@pytest.mark.integration
+def test_round_robin_collapses_the_hit_ratio_as_the_client_predicted(oracle_fleet, sample_store, tmp_path):
+    servers = oracle_fleet[:2]
+    starts = [len(s.records()) for s in servers]
+    result = run_locust(tmp_path, "-u", "4", "-r", "4", *fleet_args(servers, "http"), "--routing", "round-robin",
+                        "--workload", "sessions", "--store", str(sample_store), "--hit-ratios", "0.5",
+                        "--batch-sizes", "8", "--stage-seconds", "3")
+    report = result.report
+    counted = check_against_servers(report, read_records(tmp_path), servers, starts, affinity=False)
+    (stage,) = report["fleet"]["stages"]
+    for i, row in enumerate(stage["servers"]):
+        assert row["predicted_ratio"] == pytest.approx(counted[stage["name"], i], abs=1e-9)
+        assert 0.4 <= row["share"] <= 0.6
+    assert report["stages"][0]["achieved_ratio"] < 0.4  # a balancer that ignores keys loses reuse planned at 0.5
+
+
+@pytest.mark.integration
+def test_master_and_two_workers_route_every_key_the_same_way(oracle_fleet, sample_store, tmp_path):
+    servers = oracle_fleet
+    starts = [len(s.records()) for s in servers]
+    code, report_dir, log = run_distributed(tmp_path, *fleet_args(servers), "--workload", "sessions", "--store",
+                                            str(sample_store), "--hit-ratios", "0.5", "--batch-sizes", "8",
+                                            "--stage-seconds", "4", users=6)
+    assert code == 0, log[-3000:]
+    report = json.loads((report_dir / "report.json").read_text())
+    records = read_records(report_dir)
+    assert {r["worker"] for r in records} == {0, 1}
+    counted = check_against_servers(report, records, servers, starts)
+    (stage,) = report["fleet"]["stages"]
+    for i, row in enumerate(stage["servers"]):
+        assert row["requests"] >= 3
+        assert abs(counted[stage["name"], i] - 0.5) <= ratio_tolerance(report["stages"][0]["mean_history_tokens"], PAGE)
+
+
+@pytest.mark.integration
+def test_a_natural_replay_sends_each_log_users_visits_to_one_server(oracle_fleet, long_store, tmp_path):
+    servers = oracle_fleet[:2]
+    starts = [len(s.records()) for s in servers]
+    result = run_locust(tmp_path, "-u", "2", "-r", "2", *fleet_args(servers), "--workload", "timeline",
+                        "--store", str(long_store), "--batch-sizes", "1", "--stage-seconds", "4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    counted = check_against_servers(result.report, read_records(tmp_path), servers, starts)
+    (stage,) = result.report["fleet"]["stages"]
+    assert all(row["requests"] >= 3 for row in stage["servers"])  # few log users: the split is uneven
+    assert all(0 < counted[stage["name"], i] < 1 for i in range(2))  # returns hit, first visits miss
+
+
+@pytest.fixture
+def doomed_fleet(oracle_servers):
+    """Two oracle servers of their own: the test kills the second."""
+    return [oracle_servers(cached_tokens=True, instance=100 + i) for i in range(2)]
+
+
+@pytest.mark.integration
+def test_a_server_lost_mid_run_is_counted_on_it_and_the_run_goes_on(doomed_fleet, sample_store, tmp_path):
+    import subprocess
+    import threading
+
+    from hstu_replay.loadtest.command import headless_command
+    from tests.conftest import ROOT
+
+    lost = doomed_fleet[1]
+    proc = subprocess.Popen(headless_command(tmp_path, "-u", "4", "-r", "4", *fleet_args(doomed_fleet),
+                                             "--workload", "sessions", "--store", str(sample_store),
+                                             "--hit-ratios", "0.5", "--batch-sizes", "1", "--stage-seconds", "8"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    killer = threading.Timer(5.0, lambda: os.killpg(lost.server.process.pid, signal.SIGKILL))
+    killer.start()
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        killer.cancel()
+    report = json.loads((tmp_path / "report.json").read_text())
+    (stage,) = report["fleet"]["stages"]
+    kept, gone = stage["servers"]
+    assert [f["flag"] for f in stage["flags"]] == ["server-lost"] and stage["flags"][0]["server"] == gone["server"]
+    assert gone["server_down_s"] > 1 and gone["errors"] > 0
+    assert kept["errors"] == 0 and kept["requests"] > gone["requests"]  # the run went on with the rest
+    records = read_records(tmp_path)
+    killed_at = min(r["t"] for r in records if r.get("server") == 1 and not r["ok"])
+    assert any(r["ok"] and r["server"] == 0 and r["t"] > killed_at + 1 for r in records)
+    assert f"{gone['server']} stopped answering" in err
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("hosts, extra, words", [
+    ("{a},127.0.0.1:{dead}", (), "server 127.0.0.1:{dead} of the fleet"),
+    ("{a},{a}", (), "is given twice"),
+    ("{a},{b}", ("--fleet-budgets", "1000"), "--fleet-budgets gives 1 budgets for a fleet of 2 servers"),
+    ("{a},{b}", ("--routing-header", "x route"), "--routing-header 'x route'"),
+])
+def test_bad_fleet_input_is_one_line_and_exit_2_before_any_load(oracle_fleet, sample_store, tmp_path, hosts, extra,
+                                                                 words):
+    from hstu_replay.process import free_ports
+
+    (dead,) = free_ports(1)
+    a, b = (s.grpc_url for s in oracle_fleet[:2])
+    names = {"a": a, "b": b, "dead": dead}
+    starts = [len(s.records()) for s in oracle_fleet[:2]]
+    result = run_locust(tmp_path, "-u", "1", "-r", "1", "--host", hosts.format(**names), "--workload", "sessions",
+                        "--store", str(sample_store), "--hit-ratios", "0.5", "--batch-sizes", "1",
+                        "--stage-seconds", "1", *extra, timeout=60)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert words.format(**names) in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert [len(s.records()) for s in oracle_fleet[:2]] == starts  # nothing was sent
+
+
+@pytest.fixture(scope="module")
+def second_reference_server(compiled_repository, tmp_path_factory):
+    from tests.conftest import start_server, stop_server
+
+    server = start_server(compiled_repository, tmp_path_factory.mktemp("fleet") / "server.log")
+    yield server
+    assert stop_server(server) == 0
+
+
+@pytest.mark.integration
+def test_two_reference_servers_answer_right_at_the_target(triton_server, second_reference_server, reference_dumps,
+                                                          tmp_path):
+    """The real HSTU target twice: every answer checked against NVIDIA-format dumps, each server's
+    own CACHED_TOKENS at the target."""
+    result = run_locust(tmp_path, "-u", "4", "-r", "4", "--host",
+                        f"{triton_server.grpc_url},{second_reference_server.grpc_url}", "--workload", "dumps",
+                        "--dump-dir", str(reference_dumps), "--hit-ratios", "0,0.9", "--batch-sizes", "8",
+                        "--stage-seconds", "3", "--warmup-seconds", "0.5", "--max-history", "256",
+                        "--max-mismatches", "0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = result.report
+    assert report["verification"]["verified"] > 0 and report["verification"]["mismatches"] == 0
+    for stage in report["fleet"]["stages"]:
+        mean = [s for s in report["stages"] if s["name"] == stage["name"]][0]["mean_history_tokens"]
+        for row in stage["servers"]:
+            assert row["requests"] >= 3 and row["hit_source"] == "observed", row
+            assert abs(row["observed_ratio"] - stage["target_ratio"]) <= ratio_tolerance(mean, PAGE), row

@@ -12,12 +12,12 @@ max(0.005, one page / mean history tokens), for closed and open loop, sessions a
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 
 import pytest
 
 from hstu_replay.loadtest.records import read_records
 from tests.conftest import run_distributed, run_locust
+from tests.oracle.join import oracle_view
 
 pytestmark = pytest.mark.integration
 
@@ -35,28 +35,6 @@ def sweep_args(server, workload: str, data: dict, arrival: str) -> list[str]:
     if arrival != "closed":
         args += ["--arrival", arrival, "--request-rate", "40"]
     return args
-
-
-def oracle_view(records: list[dict], seen: list[dict]) -> dict[str, tuple[int, int]]:
-    """Per stage: (hits, history tokens) the oracle saw on the run's measured requests.
-
-    Requests are joined by their tuple of cache keys, in order: a key has one request in flight
-    at a time, so each side lists a key tuple's requests in the same order.
-    """
-    by_keys: dict[tuple, list[dict]] = defaultdict(list)
-    for entry in seen:
-        by_keys[tuple(entry["keys"])].append(entry)
-    cursor: dict[tuple, int] = defaultdict(int)
-    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for record in sorted((r for r in records if r["ok"]), key=lambda r: r["t"]):  # in send order
-        keys = tuple(record["keys"])
-        entry = by_keys[keys][cursor[keys]]
-        cursor[keys] += 1
-        assert sum(entry["totals"]) == record["tokens"], (record, entry)
-        if record["kind"] == "measure":
-            totals[record["stage"]][0] += sum(entry["hits"])
-            totals[record["stage"]][1] += sum(entry["totals"])
-    return {stage: (h, t) for stage, (h, t) in totals.items()}
 
 
 def check_truth(report: dict, records: list[dict], seen: list[dict], expect_source: str) -> list[str]:
