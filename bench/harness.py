@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hstu_replay.inspection import ProcTimes, load_average
+from hstu_replay.inspection import ProcTimes, load_average, rss_mib
 from hstu_replay.interface import ModelInterface
 from hstu_replay.loadtest.command import locust_command
 from hstu_replay.process import Child, Ports, ServerProcess, Stopping, log_reason
@@ -51,8 +51,11 @@ def start_null(interface: ModelInterface, log: Path, instances: int = 1, timeout
     return ServerProcess(command, log, ports, (interface.model_name,), ready_timeout_s=timeout_s, cwd=ROOT).launch()
 
 
-def successes(server: ServerProcess, model: str) -> int:
-    """Requests the server has answered successfully so far (its statistics, over HTTP)."""
+def successes(server: ServerProcess | Sequence[ServerProcess], model: str) -> int:
+    """Requests the server (or every server of a sequence) has answered successfully so far (its
+    statistics, over HTTP)."""
+    if isinstance(server, Sequence):
+        return sum(successes(one, model) for one in server)
     with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/stats", timeout=10) as reply:
         stats = json.load(reply)
     return sum(int(m["inference_stats"]["success"]["count"]) for m in stats["model_stats"])
@@ -69,6 +72,7 @@ class Window:
     user_s: float
     system_s: float
     minor_faults: int
+    rss_mib: float = float("nan")  # the client's resident memory at the window's end
 
     @property
     def rps(self) -> float:
@@ -138,8 +142,8 @@ def read_windows(server: ServerProcess, model: str, processes: Sequence[Child], 
     t0, n0, c0 = time.monotonic(), successes(server, model), [ProcTimes.of(p.pid) for p in processes]
     time.sleep(seconds)
     t1, n1, c1 = time.monotonic(), successes(server, model), [ProcTimes.of(p.pid) for p in processes]
-    return [Window(n1 - n0, t1 - t0, b.user_s - a.user_s, b.system_s - a.system_s, b.minor_faults - a.minor_faults)
-            for a, b in zip(c0, c1)]
+    return [Window(n1 - n0, t1 - t0, b.user_s - a.user_s, b.system_s - a.system_s, b.minor_faults - a.minor_faults,
+                   rss_mib(p.pid)) for a, b, p in zip(c0, c1, processes)]
 
 
 # -- the two clients ----------------------------------------------------------------------------

@@ -47,7 +47,7 @@ def zeros(interface: ModelInterface) -> Callable[[list], list[dict[str, np.ndarr
 
 
 def serve(interface: ModelInterface, grpc_port: int, http_port: int, metrics_port: int, instances: int = 1,
-          tls=None, https_port: int = 0) -> None:
+          tls=None, https_port: int = 0, bind: str = "127.0.0.1") -> None:
     """Host `interface`'s model (`instances` copies) answering zeros until SIGTERM; statistics stay open.
     With `tls` (TlsFiles) gRPC takes TLS only, and `https_port` serves HTTPS as the target does."""
     from hstu_replay.server.serve import PROTECTED_ENDPOINTS, python_backend_env
@@ -61,8 +61,8 @@ def serve(interface: ModelInterface, grpc_port: int, http_port: int, metrics_por
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     dtypes = {"INT64": np.int64, "FP32": np.float32}
-    config = TritonConfig(http_address="127.0.0.1", http_port=http_port, grpc_address="127.0.0.1",
-                          grpc_port=grpc_port, metrics_address="127.0.0.1", metrics_port=metrics_port,
+    config = TritonConfig(http_address=bind, http_port=http_port, grpc_address=bind,
+                          grpc_port=grpc_port, metrics_address=bind, metrics_port=metrics_port,
                           exit_on_error=True, grpc_use_ssl=tls is not None or None,
                           grpc_server_cert=tls and tls.cert, grpc_server_key=tls and tls.key)
     https = TlsForwarder("127.0.0.1", https_port, ("127.0.0.1", http_port), tls) if https_port else None
@@ -121,6 +121,8 @@ def main() -> int:
     parser.add_argument("--tls-cert", help="PEM server certificate: gRPC over TLS")
     parser.add_argument("--tls-key", help="its PEM private key")
     parser.add_argument("--https-port", type=int, default=0, help="HTTPS in front of the HTTP port (needs --tls-cert)")
+    parser.add_argument("--bind", default="127.0.0.1", help="the address listened on (default 127.0.0.1; 0.0.0.0 "
+                        "only inside a network namespace of loopback alone, as bench.fleet_cost runs it)")
     parser.add_argument("--frontend", choices=("pytriton", "python-backend"), default="pytriton",
                         help="pytriton (default) or python-backend: the bundled tritonserver alone, no TLS")
     args = parser.parse_args()
@@ -132,7 +134,7 @@ def main() -> int:
     from hstu_replay.server.tls_proxy import TlsFiles
 
     tls = TlsFiles(args.tls_cert, args.tls_key) if args.tls_cert else None
-    serve(BY_MODEL[args.model], args.grpc, args.http, args.metrics, args.instances, tls, args.https_port)
+    serve(BY_MODEL[args.model], args.grpc, args.http, args.metrics, args.instances, tls, args.https_port, args.bind)
     return 0
 
 

@@ -199,26 +199,36 @@ class TritonClient:
     def __init__(self, options: ClientOptions):
         self.options = options
         self._headers = dict(options.headers) or None
+        self._made = None  # tritonclient's client, for metadata and statistics: made when first asked
+        self._transport = transport(options)
+        self.binding: ModelBinding | None = None
+
+    @property
+    def _client(self):
+        """tritonclient's client of the address (a load-test user that only infers never makes one)."""
+        if self._made is None:
+            self._made = self._tritonclient()
+        return self._made
+
+    def _tritonclient(self):
+        options = self.options
         try:
             if options.protocol == "grpc":
                 import tritonclient.grpc as module
 
                 _no_second_close_at_exit(module.InferenceServerClient)
-                self._client = module.InferenceServerClient(
+                return module.InferenceServerClient(
                     options.url, ssl=options.ssl, root_certificates=options.root_certificates
                 )
-            else:
-                import tritonclient.http as module
+            import tritonclient.http as module
 
-                self._client = module.InferenceServerClient(
-                    options.url, ssl=options.ssl, insecure=options.insecure,
-                    ssl_options={"ca_certs": options.root_certificates} if options.root_certificates else None,
-                    connection_timeout=options.timeout_s, network_timeout=options.timeout_s,
-                )
+            return module.InferenceServerClient(
+                options.url, ssl=options.ssl, insecure=options.insecure,
+                ssl_options={"ca_certs": options.root_certificates} if options.root_certificates else None,
+                connection_timeout=options.timeout_s, network_timeout=options.timeout_s,
+            )
         except Exception as exc:  # tritonclient raises assorted types for bad urls
             raise ConfigError(f"--triton-url {options.url!r}: {exc}") from None
-        self._transport = transport(options)
-        self.binding: ModelBinding | None = None
 
     def connect(self) -> ModelBinding:
         """Read the model's metadata and pick its interface (one line on failure)."""
@@ -289,7 +299,9 @@ class TritonClient:
 
     def close(self) -> None:
         """Close explicitly: a gRPC channel left to __del__ can hang interpreter exit."""
-        for part in (self._transport, self._client):
+        for part in (self._transport, self._made):
+            if part is None:
+                continue
             try:
                 part.close()
             except Exception:

@@ -21,6 +21,8 @@ import random
 from collections.abc import Sequence
 from typing import Protocol
 
+import numpy as np
+
 from hstu_replay.errors import ConfigError
 
 POINTS_PER_SERVER = 160  # ring points per address: the shares of the circle within a few percent
@@ -38,12 +40,23 @@ class Routing(enum.Enum):
         return self is Routing.KEY_HASH
 
 
+_GOLDEN, _M1, _M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
 def mix64(value: int) -> int:
     """A 64-bit integer spread over the whole circle (SplitMix64's finaliser)."""
-    z = (value + 0x9E3779B97F4A7C15) & _MASK
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    z = (value + _GOLDEN) & _MASK
+    z = ((z ^ (z >> 30)) * _M1) & _MASK
+    z = ((z ^ (z >> 27)) * _M2) & _MASK
     return z ^ (z >> 31)
+
+
+def mix64_array(values: np.ndarray) -> np.ndarray:
+    """`mix64` of each of `values` (uint64 arithmetic wraps as the masks do)."""
+    z = values.astype(np.uint64) + np.uint64(_GOLDEN)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
+    return z ^ (z >> np.uint64(31))
 
 
 def _point(address: str, replica: int) -> int:
@@ -63,10 +76,16 @@ class HashRing:
         points = sorted((_point(a, r), i) for i, a in enumerate(addresses) for r in range(POINTS_PER_SERVER))
         self._hashes = [p for p, _ in points]
         self._owners = [i for _, i in points]
+        self._hash_array = np.array(self._hashes, dtype=np.uint64)
+        self._owner_array = np.array(self._owners + self._owners[:1], dtype=np.int64)  # past the last: the first
 
     def server(self, key: int) -> int:
         at = bisect.bisect_left(self._hashes, mix64(key))
         return self._owners[at % len(self._owners)]
+
+    def servers(self, keys: np.ndarray) -> np.ndarray:
+        """`server` of each of `keys`, at once."""
+        return self._owner_array[np.searchsorted(self._hash_array, mix64_array(keys), side="left")]
 
 
 class RoundRobin:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from hstu_replay.fleet.routing import router
 from hstu_replay.loadtest.config import LoadTestConfig
 from hstu_replay.plan.cache_model import CacheModel
-from hstu_replay.plan.keys import KeyAllocator
+from hstu_replay.plan.keys import KeyAllocator, Landing
 from hstu_replay.request import RequestTensors
 from hstu_replay.stats.availability import Availability
 from hstu_replay.stats.run_stats import RunStats
@@ -49,6 +49,7 @@ class Fleet:
         self.router = router(target.routing, addresses, config.data.seed)
         self.affinity = target.routing.keeps_affinity or not many
         self.plan_cache = None if self.affinity else model(max(budgets))
+        self._visited: dict[int, int] = {}  # a fleet's key -> the servers it was sent to (bit i: server i)
 
     @property
     def many(self) -> bool:
@@ -63,8 +64,8 @@ class Fleet:
     def keys(self, worker_index: int, user_index: int, workers: int) -> KeyAllocator:
         """A virtual user's key allocator: its keys land on its home server, where it has one."""
         home = self.home(worker_index, user_index, workers)
-        server = self.router.server
-        return KeyAllocator(worker_index, user_index, lands=None if home is None else lambda k: server(k) == home)
+        return KeyAllocator(worker_index, user_index, landing=None if home is None else Landing(self.router.servers,
+                                                                                                  home))
 
     def planning_cache(self, worker_index: int, user_index: int, workers: int) -> CacheModel:
         """The model a virtual user's steps are planned with: its home server's, under `key-hash`."""
@@ -83,13 +84,14 @@ class Fleet:
         """Changes whenever a server comes back (its cache lost): plans made before are void."""
         return sum(s.availability.epoch for s in self.servers)
 
-    def models(self) -> list[CacheModel]:
-        return [s.cache for s in self.servers] + ([self.plan_cache] if self.plan_cache is not None else [])
-
     def predict(self, server: Server, request: RequestTensors):
         """The hits `request` should find at `server`; the models then hold what follows it."""
         if self.plan_cache is not None:
             self.plan_cache.predict_tiers(request)  # the plan's view moves on as if affinity held
+        if self.many:
+            bit, visited = 1 << server.index, self._visited
+            for key in request.user_ids.tolist():
+                visited[key] = visited.get(key, 0) | bit
         return server.cache.predict_tiers(request)
 
     def forget(self, server: Server, request: RequestTensors) -> None:
@@ -104,6 +106,16 @@ class Fleet:
             self.plan_cache.clear()
 
     def retire(self, keys: Iterable[int]) -> None:
+        """Keys never to be sent again, at every server they were sent to."""
         keys = list(keys)
-        for model in self.models():
-            model.retire(keys)
+        if self.plan_cache is not None:
+            self.plan_cache.retire(keys)
+        if not self.many:
+            self.servers[0].cache.retire(keys)
+            return
+        for key in keys:
+            visited, i = self._visited.pop(key, 0), 0
+            while visited:
+                if visited & 1:
+                    self.servers[i].cache.retire((key,))
+                visited, i = visited >> 1, i + 1

@@ -5,13 +5,18 @@ A key is [run nonce: 20 bits][owner: 20 bits][counter: 23 bits]: owner = worker 
 same server never meets a key an earlier run left cached.
 
 In a fleet under `key-hash` each key goes to the server the hash gives it; a virtual user whose
-requests go to one server (`lands`) draws only keys that land there: its batches share a server.
+requests go to one server (`Landing`) uses only keys that land there, drawn a block at a time
+(about one key in N of a fleet of N lands): its batches share a server.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
 
 from hstu_replay.errors import ConfigError, PlanError
 
@@ -19,12 +24,21 @@ _COUNTER_BITS = 23
 _OWNER_BITS = 20
 _NONCE_BITS = 20
 MAX_USERS_PER_WORKER = 4096
-MAX_KEY_DRAWS = 4096  # keys drawn for one that lands on the user's server (about one per server expected)
+DRAW_BLOCK = 1024  # candidate keys tried at once for those landing on a user's server
+MAX_KEY_DRAWS = 64 * DRAW_BLOCK  # tried in a row without one landing: the fleet's hash gives that server nothing
+
+
+@dataclass(frozen=True)
+class Landing:
+    """Where a virtual user's keys must land: `servers(keys)` names each key's server."""
+
+    servers: Callable[[np.ndarray], np.ndarray]
+    home: int
 
 
 class KeyAllocator:
     def __init__(self, worker_index: int, user_index: int, nonce: int | None = None,
-                 lands: Callable[[int], bool] | None = None):
+                 landing: Landing | None = None):
         if not 0 <= user_index < MAX_USERS_PER_WORKER:
             raise ConfigError(f"virtual user index {user_index}: at most {MAX_USERS_PER_WORKER} per worker")
         owner = worker_index * MAX_USERS_PER_WORKER + user_index
@@ -33,7 +47,8 @@ class KeyAllocator:
         nonce = secrets.randbits(_NONCE_BITS) if nonce is None else nonce % (1 << _NONCE_BITS)
         self._base = ((nonce << _OWNER_BITS) | owner) << _COUNTER_BITS
         self._next = 0
-        self._lands = lands  # which keys this user may use (None: every key)
+        self._landing = landing  # which keys this user may use (None: every key)
+        self._ready: deque[int] = deque()  # drawn keys that land, not yet used
 
     @property
     def route_key(self) -> int:
@@ -41,14 +56,25 @@ class KeyAllocator:
         return route_key(self._base)
 
     def new_key(self) -> int:
-        for _ in range(MAX_KEY_DRAWS):
-            if self._next >= (1 << _COUNTER_BITS) - 1:
-                raise ConfigError("this virtual user ran out of cache keys; shorten the run")
-            self._next += 1
-            key = self._base + self._next
-            if self._lands is None or self._lands(key):
-                return key
-        raise PlanError(f"no key of {MAX_KEY_DRAWS} drawn lands on this virtual user's server")
+        if self._landing is None:
+            return self._base + self._counted(1)
+        drawn = 0
+        while not self._ready:
+            if drawn >= MAX_KEY_DRAWS:
+                raise PlanError(f"no key of {MAX_KEY_DRAWS} drawn lands on this virtual user's server")
+            first = self._counted(DRAW_BLOCK)
+            keys = np.arange(self._base + first, self._base + first + DRAW_BLOCK, dtype=np.int64)
+            self._ready.extend(keys[self._landing.servers(keys) == self._landing.home].tolist())
+            drawn += DRAW_BLOCK
+        return self._ready.popleft()
+
+    def _counted(self, count: int) -> int:
+        """The first of the next `count` counter values."""
+        if self._next + count >= 1 << _COUNTER_BITS:
+            raise ConfigError("this virtual user ran out of cache keys; shorten the run")
+        first = self._next + 1
+        self._next += count
+        return first
 
 
 def route_key(key: int) -> int:

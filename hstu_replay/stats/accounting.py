@@ -70,18 +70,16 @@ class Accountant:
         if sent.kind == "warmup":
             self.stats.warmup_requests += 1
             return
-        bins = [self.stats.bin(sent.stage)]
-        if sent.server >= 0:
-            bins.append(self.stats.server_bin(sent.stage, sent.server))
         if not outcome.ok:
             self.stats.count_error(f"prime: {outcome.error}" if sent.kind == "prime" else outcome.error)
-        for b in bins:
-            self._file_into(b, sent, tokens)
+        self._file_into(self.stats.bin(sent.stage), sent, tokens)
+        if sent.server >= 0:  # a fleet's server: its figures, its tiers left to the stage's
+            self._file_into(self.stats.server_bin(sent.stage, sent.server), sent, tokens, tiers=False)
         if outcome.verdict is not None and not outcome.verdict.ok:
             self.stats.count_error(outcome.mismatch)
 
-    def _file_into(self, b, sent: Sent, tokens: int) -> None:
-        """`sent` added to one bin's counters (the stage's, or its server's)."""
+    def _file_into(self, b, sent: Sent, tokens: int, tiers: bool = True) -> None:
+        """`sent` added to one bin's counters (the stage's, or its server's: `tiers` False)."""
         outcome, request = sent.outcome, sent.request
         if sent.kind == "prime":
             b.prime_requests += 1
@@ -113,7 +111,8 @@ class Accountant:
             b.hits_lost += observed < predicted
             hits = observed
         b.computed_tokens += tokens - hits
-        self._file_tiers(b, sent, tokens)
+        if tiers:
+            self._file_tiers(b, sent, tokens)
         if outcome.verdict is not None:
             b.verified += 1
             b.mismatches += not outcome.verdict.ok

@@ -66,3 +66,11 @@ def test_only_key_hash_keeps_affinity():
 def test_a_routing_not_known_is_named():
     with pytest.raises(ConfigError, match="--routing 'sticky': use key-hash, round-robin, random"):
         routing("sticky")
+
+
+def test_the_ring_routes_an_array_of_keys_as_it_routes_each():
+    import numpy as np
+
+    ring = router(Routing.KEY_HASH, ADDRESSES)
+    many = keys(9, 5000) + [0, 1, 2**63 - 1]
+    assert ring.servers(np.array(many, dtype=np.int64)).tolist() == [ring.server(k) for k in many]

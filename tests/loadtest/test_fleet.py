@@ -296,3 +296,14 @@ def test_two_reference_servers_answer_right_at_the_target(triton_server, second_
         for row in stage["servers"]:
             assert row["requests"] >= 3 and row["hit_source"] == "observed", row
             assert abs(row["observed_ratio"] - stage["target_ratio"]) <= ratio_tolerance(mean, PAGE), row
+
+
+def test_a_retired_key_is_forgotten_at_every_server_it_was_sent_to(tmp_path):
+    f = fleet(tmp_path, routing="round-robin")
+    for total in (10, 20, 30, 40):  # servers 0, 1, 2, 0
+        f.predict(f.route(request([77], [total])), request([77], [total]))
+    f.predict(f.servers[1], request([88], [5]))
+    assert [s.cache.held(77) for s in f.servers] == [40, 20, 30]
+    f.retire([77])
+    assert [s.cache.held(77) for s in f.servers] == [0, 0, 0] and f.servers[1].cache.held(88) == 5
+    assert f.plan_cache.held(77) == 0
