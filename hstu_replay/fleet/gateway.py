@@ -116,7 +116,7 @@ class GatewaySpec:
             raise ConfigError("a gateway needs at least one backend")
         object.__setattr__(self, "header", routing_header(self.header))
         addresses = [b.address(protocol) for b in self.backends for protocol in ("grpc", "http")]
-        twice = sorted({a for a in addresses if addresses.count(a) > 1})
+        twice = [a for i, a in enumerate(addresses) if a in addresses[:i]]
         if twice:
             raise ConfigError(f"--backend: address {twice[0]} given twice")
         if self.ports.grpc == self.ports.http:
