@@ -33,6 +33,7 @@ from hstu_replay.fleet.local import Backend
 from hstu_replay.process import HOST, Child, StartFailed, free_ports
 
 HAPROXY = "haproxy"  # Debian's package `haproxy`
+DEBIAN_SBIN = "/usr/sbin"
 DEFAULT_ROUTING_HEADER = "x-hstu-route"
 GATEWAY_READY_TIMEOUT_S = 15.0
 CONNECT_TIMEOUT = "5s"
@@ -166,8 +167,13 @@ def accepts(port: int, host: str = HOST) -> bool:
         return False
 
 
+def find_haproxy() -> str | None:
+    """HAProxy's path: on the PATH, else where Debian puts it (/usr/sbin is not on every user's PATH)."""
+    return shutil.which(HAPROXY) or shutil.which(HAPROXY, path=DEBIAN_SBIN)
+
+
 def haproxy_binary() -> str:
-    found = shutil.which(HAPROXY)
+    found = find_haproxy()
     if found is None:
         raise ServerError(f"{HAPROXY} not found: install Debian's package (apt-get install -y {HAPROXY})")
     return found

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import socket
 import urllib.request
 from pathlib import Path
@@ -14,12 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hstu_replay.fleet.gateway import find_haproxy
 from hstu_replay.fleet.local import LocalFleet
 from hstu_replay.request import UserRequest
 
 FLEET_SERVERS = 2
 FLEET_BUDGET_TOKENS = 200_000  # no test here comes near it: nothing is evicted
-needs_haproxy = pytest.mark.skipif(shutil.which("haproxy") is None,
+needs_haproxy = pytest.mark.skipif(find_haproxy() is None,
                                    reason="haproxy is not installed (scripts/test.sh installs Debian's package)")
 
 
