@@ -20,8 +20,7 @@ WATCH_PERIOD_S = 0.5  # how often a serving fleet is looked at
 PORT_RANGE = (1, 65535)
 SERVERS = Option("--servers", "reference servers to start, each on ports of its own", 2)
 CACHE_BUDGET = Option("--cache-budget-tokens", "each server's KV-cache capacity in tokens (default: the server's own)")
-ROUTING_HEADER = Option("--routing-header", "the header carrying each request's route key (the load test's "
-                        "--routing-header), hashed by the gateway")
+ROUTING_HEADER = Option("--routing-header", "the header carrying each request's route key, hashed by the gateway")
 GATEWAY = Option("--gateway", "HAProxy in front of the fleet: hash (consistent hashing of --routing-header) or "
                  "round-robin (none: the servers alone)")
 BALANCE = Option("--balance", "hash (consistent hashing of --routing-header) or round-robin", "hash")
@@ -48,8 +47,8 @@ def add_commands(groups) -> None:
     SERVE_ARGS.add_to(serve, help='more `server serve` arguments for every server, e.g. --serve-args="--threads 1"')
     GATEWAY.add_to(serve)
     ROUTING_HEADER.add_to(serve, default=DEFAULT_ROUTING_HEADER)
-    Option("--gateway-grpc-port", "the gateway's gRPC port (0: a free one)", 0).add_to(serve, text=True)
-    Option("--gateway-http-port", "the gateway's HTTP port (0: a free one)", 0).add_to(serve, text=True)
+    Option("--gateway-grpc-port", "the gateway's gRPC port (default 0: a free one)", 0).add_to(serve, text=True)
+    Option("--gateway-http-port", "the gateway's HTTP port (default 0: a free one)", 0).add_to(serve, text=True)
     Option("--log-dir", "the servers' logs and the gateway's configuration and log", "runs/fleet").add_to(serve)
     serve.set_defaults(func=_serve)
 

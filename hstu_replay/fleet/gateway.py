@@ -5,13 +5,15 @@ one HTTP/2 stream, balanced on its own) and HTTP/1.1 (each request of a kept-ali
 balanced on its own), each to the backends' ports of its protocol. The balance (`--balance` /
 `--gateway`) is a registry entry:
 
-- `hash`: by the routing header, which the load generator fills with each request's route key (the
+- `hash`: by the routing header, which the client fills with each request's route key (the
   virtual user that made its cache key, in decimal): `balance hdr(NAME)` with `hash-type
   consistent sdbm avalanche`. Consistent: a server added or lost moves only its own share of the
   keys. Avalanche: route keys are short decimal numbers, and sdbm's raw value of such strings
-  clusters; mixing its bits first spreads them (HAProxy's manual advises it for numeric input,
-  and it is what HAProxy takes for `consistent` when no function is named; written out here so
-  the config says what it does). A request without the header is balanced round-robin.
+  clusters (measured: keys 0..63 all on one server of 2, 3 or 4); mixing its bits first spreads
+  them. It is what HAProxy takes for `consistent` when no function is named; written out here so
+  the config says what it does. Every server has the same weight, `SERVER_WEIGHT`, well above
+  HAProxy's default of 1, for more points each on the hash tree. A request without the header is
+  balanced round-robin.
 - `round-robin`: each request to the next server whatever its key, what a plain balancer does.
 
 The gateway is a `process.Child` (`haproxy -db -f haproxy.cfg`, in the foreground), ready when
