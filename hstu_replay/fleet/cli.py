@@ -38,8 +38,9 @@ def add_commands(groups) -> None:
                                 description="Start N reference servers on loopback, each with its own KV cache, "
                                             "optionally HAProxy in front; print every address; serve until "
                                             "Ctrl-C or SIGTERM, then stop everything.",
-                                epilog="example: hstu-replay fleet serve --servers 2 --repository runs/model_repository "
-                                       "--cache-budget-tokens 65536 --gateway hash --routing-header x-hstu-route")
+                                epilog="example: hstu-replay fleet serve --servers 2 --repository "
+                                       "runs/model_repository --cache-budget-tokens 65536 --gateway hash "
+                                       "--routing-header x-hstu-route")
     SERVERS.add_to(serve, text=True)
     REPOSITORY.add_to(serve)
     CACHE_BUDGET.add_to(serve)
