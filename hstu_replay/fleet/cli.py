@@ -123,9 +123,9 @@ def _serve(args) -> int:
         signal.signal(signal.SIGTERM, previous)
     left = fleet.stop().problems()
     if gateway is not None and not (teardown := gateway.stop()).clean:
-        left.append(f"gateway: {', '.join(teardown.left)}")
+        left.append(f"gateway: {', '.join(f'{l} left' for l in teardown.left)}")
     if left:
-        raise ServerError(f"left behind at the fleet's stop: {'; '.join(left)}")
+        raise ServerError(f"the fleet did not stop cleanly: {'; '.join(left)}")
     print("hstu-replay: fleet stopped", file=sys.stderr, flush=True)
     return 0
 

@@ -61,8 +61,8 @@ class FleetTeardown:
 
     def problems(self) -> list[str]:
         """One entry per server that left something behind or had to be killed."""
-        return [f"server {i}: {', '.join(t.forced + t.left)}" for i, t in enumerate(self.servers)
-                if t.forced or t.left]
+        return [f"server {i}: {', '.join([f'{f} killed' for f in t.forced] + [f'{l} left' for l in t.left])}"
+                for i, t in enumerate(self.servers) if t.forced or t.left]
 
 
 class LocalFleet:
