@@ -43,6 +43,7 @@ CONNECT_TIMEOUT = "5s"
 #: and than the load generator's pauses between stages
 IDLE_TIMEOUT = "10m"
 CONFIG_NAME = "haproxy.cfg"
+ALERT = "[ALERT]"  # how HAProxy's fatal lines begin
 #: every server's weight: all equal, so only the number of points each has on HAProxy's consistent
 #: hash tree grows with it (at HAProxy's default of 1, 4 servers took 16% to 31% of 1,024 route keys)
 SERVER_WEIGHT = 64
@@ -197,10 +198,14 @@ class Gateway(Child):
                          listens=ports)
 
     def launch(self) -> Gateway:
+        """Started and ready; else a ServerError with HAProxy's first alert (the cause: its last one
+        only says that it is exiting)."""
         try:
             return super().launch()
         except StartFailed as exc:
-            raise ServerError(str(exc)) from None
+            alerts = [line.strip() for line in _text(self.log).splitlines() if line.startswith(ALERT)]
+            raise ServerError(f"the gateway did not start: {alerts[0]} (log: {self.log})" if alerts
+                              else str(exc)) from None
 
     @property
     def grpc_url(self) -> str:
@@ -218,3 +223,10 @@ def gateway_for(backends: Sequence[Backend], directory: Path, balance: Balance =
                 header: str = DEFAULT_ROUTING_HEADER, ports: GatewayPorts | None = None) -> Gateway:
     """A gateway in front of `backends` on free loopback ports (unless given), not started yet."""
     return Gateway(GatewaySpec(tuple(backends), balance, header, ports or GatewayPorts.free()), directory)
+
+
+def _text(path: Path | None) -> str:
+    try:
+        return "" if path is None else path.read_text(errors="replace")
+    except OSError:
+        return ""

@@ -9,13 +9,14 @@ from __future__ import annotations
 import collections
 import http.client
 import http.server
+import socket
 import subprocess
 import threading
 
 import pytest
 
 from hstu_replay.client.triton import ClientOptions, TritonClient
-from hstu_replay.errors import ConfigError
+from hstu_replay.errors import ConfigError, ServerError
 from hstu_replay.fleet.gateway import (
     DEFAULT_ROUTING_HEADER, Balance, GatewayPorts, GatewaySpec, backend_spec, config_text, gateway_for, haproxy_binary,
 )
@@ -241,3 +242,15 @@ def test_round_robin_sends_a_returning_user_elsewhere_and_it_misses(fleet, gatew
     affinity = oracle_hits(visits, [0] * len(visits))  # what one server per key would have reused
     assert token_ratio(visits, hits) < 0.5 * token_ratio(visits, affinity)
     assert hits[len(users):2 * len(users)] == [0] * len(users)  # the second visit: on the other server, a miss
+
+
+@needs_haproxy
+def test_a_gateway_that_cannot_bind_says_why(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = GatewayPorts(taken.getsockname()[1], free_ports(1)[0])
+        gateway = gateway_for(TWO, tmp_path, Balance.HASH, ports=ports)
+        with pytest.raises(ServerError, match=r"^the gateway did not start: \[ALERT\].*cannot bind socket"):
+            gateway.launch()
+    assert gateway.stop().clean

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hstu_replay.client.triton import ClientOptions, TritonClient
-from hstu_replay.errors import ConfigError
+from hstu_replay.errors import ConfigError, ServerError
 from hstu_replay.fleet.local import LocalFleet, fleet_ports
 from hstu_replay.interface import history_tokens
 from hstu_replay.request import build_request
@@ -44,3 +44,12 @@ def test_each_server_answers_with_its_own_cache_and_budget(fleet):
             assert first.cached_tokens.tolist() == [0]
             assert again.cached_tokens.tolist() == [history_tokens(10)]
     assert [a - b for a, b in zip(served_requests(fleet), before)] == [4] * FLEET_SERVERS
+
+
+@pytest.mark.integration
+def test_a_server_that_cannot_start_is_named_and_the_fleet_stopped(tmp_path):
+    fleet = LocalFleet(tmp_path, 2, tmp_path / "logs", serve_args=("--device", "cpu", "--threads", "-1"))
+    with pytest.raises(ServerError, match=r"^server 0 of the fleet: the server exited \(exit \d+\) while starting"):
+        fleet.start()
+    assert not any(server.running for server in fleet.servers)
+    assert fleet.stop().clean
