@@ -86,7 +86,11 @@ def test_serve_runs_until_sigterm_and_leaves_nothing(compiled_repository, tmp_pa
         process.send_signal(signal.SIGTERM)
         assert process.wait(120) == 0, out.read_text()
     finally:
-        if process.poll() is None:
-            process.kill()
+        if process.poll() is None:  # its servers run in sessions of their own: it must stop them itself
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(120)
+            except subprocess.TimeoutExpired:
+                process.kill()
     assert "fleet stopped" in out.read_text()
     assert [pid for pid in family if alive(pid)] == []

@@ -251,6 +251,8 @@ def test_a_gateway_that_cannot_bind_says_why(tmp_path):
         taken.listen()
         ports = GatewayPorts(taken.getsockname()[1], free_ports(1)[0])
         gateway = gateway_for(TWO, tmp_path, Balance.HASH, ports=ports)
-        with pytest.raises(ServerError, match=r"^the gateway did not start: \[ALERT\].*cannot bind socket"):
-            gateway.launch()
-    assert gateway.stop().clean
+        try:
+            with pytest.raises(ServerError, match=r"^the gateway did not start: \[ALERT\].*cannot bind socket"):
+                gateway.launch()
+        finally:
+            assert gateway.stop().clean
