@@ -25,6 +25,7 @@ COMMAND_GROUPS: dict[str, str] = {
     "capacity": "hstu_replay.capacity.cli",
     "flow": "hstu_replay.flow.cli",
     "protocol": "hstu_replay.protocol.cli",
+    "fleet": "hstu_replay.fleet.cli",
     "options": "hstu_replay.loadtest.listing",
 }
 

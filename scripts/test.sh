@@ -11,6 +11,12 @@ if [ ! -x /usr/bin/chromium ]; then
     $SUDO apt-get update -q
     $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
 fi
+# The gateway in front of a fleet of reference servers (tests/fleet): Debian's HAProxy.
+if [ ! -x /usr/sbin/haproxy ]; then
+    SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+    $SUDO apt-get update -q
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q haproxy
+fi
 . .venv/bin/activate
 NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet   # the docs site, into runs/site/
 python -m pytest -q "$@"

@@ -1,5 +1,5 @@
 """The load generator needs no torch: the whole path a Locust worker or the capacity driver runs
-(the locustfile, client, plan, stats, output, report, loadtest, capacity, verify, request, the dumps reader,
+(the locustfile, client, plan, stats, output, report, loadtest, capacity, fleet, verify, request, the dumps reader,
 the data store) imports in a venv that has no torch, and loads none of the target's packages."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from tests.fresh_venv import TARGET_ONLY, fresh_venv
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ["client", "plan", "stats", "output", "report", "loadtest", "capacity"]
+PACKAGES = ["client", "plan", "stats", "output", "report", "loadtest", "capacity", "fleet"]
 MODULES = ["hstu_replay.locustfile", "hstu_replay.verify", "hstu_replay.request", "hstu_replay.dumps.reader",
            "hstu_replay.data.store"]
 
