@@ -8,6 +8,7 @@ and the config checks what spans two of them. Every error names the option, the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from urllib.parse import urlsplit
 from enum import StrEnum
 
 from hstu_replay.arguments import numbers
@@ -72,6 +73,7 @@ class TargetConfig:
     grpc_transport: GrpcTransport = GrpcTransport.H2
     routing: Routing = Routing.KEY_HASH  # which server of a fleet each request goes to
     routing_header: str = ""  # a header carrying each request's route key (for a gateway)
+    fleet_metrics: tuple[str, ...] = ()  # behind a gateway: each server's KV-cache metrics URL
 
     def __post_init__(self):
         self.header_map()  # a malformed item is named before the run (its value never is)
@@ -335,8 +337,11 @@ class LoadTestConfig:
         target = TargetConfig(v["triton_url"], protocol, v["triton_ssl"], v["triton_model"], v["triton_root_cert"],
                               v["triton_headers"], v["triton_timeout"],
                               _choice(GrpcTransport, "--triton-grpc-transport", v["triton_grpc_transport"]),
-                              routing(v["routing"]), v["routing_header"])
+                              routing(v["routing"]), v["routing_header"], _metrics_urls(v["fleet_metrics"]))
         target.client_options()  # the client's own checks
+        if target.fleet_metrics and len(target.addresses) > 1:
+            raise ConfigError("--fleet-metrics names the servers behind one gateway address: give one --host, "
+                              f"not {len(target.addresses)}")
         if cache.fleet_budgets and len(cache.fleet_budgets) != len(target.addresses):
             raise ConfigError(f"--fleet-budgets gives {len(cache.fleet_budgets)} budgets for a fleet of "
                               f"{len(target.addresses)} servers (--host): one per server, in its order")
@@ -372,6 +377,17 @@ def _batches(text: str) -> tuple[int, ...]:
     if any(not 1 <= b <= most or b != int(b) for b in sizes):
         raise ConfigError(f"--batch-sizes {text!r}: whole numbers in 1..{most}")
     return tuple(int(b) for b in sizes)
+
+
+def _metrics_urls(text: str) -> tuple[str, ...]:
+    urls = tuple(u.strip() for u in text.split(",")) if text.strip() else ()
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(f"--fleet-metrics {url!r}: give each server's metrics page, http://host:port/metrics")
+    if len(set(urls)) < len(urls):
+        raise ConfigError("--fleet-metrics: a server's metrics page is given twice")
+    return urls
 
 
 def _budgets(text: str) -> tuple[int, ...]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from hstu_replay.plan.over_limit import accounts_line
 from hstu_replay.loadtest.faults import LOST_EXIT_CODE
-from hstu_replay.report.fleet_section import fleet_section, fleet_table, with_fleet_flags
+from hstu_replay.report.fleet_section import fleet_section, fleet_table, gateway_section, with_fleet_flags
 from hstu_replay.report.tier_section import shows_tiers, tier_table
 from hstu_replay.output.files import jsonable
 from hstu_replay.output.text import format_table
@@ -41,7 +41,8 @@ def current_report(environment) -> dict:
     run, c = runtime.run, runtime.run.config
     report = build_report(run.stats, run_metadata(environment), run.server_stages, c.checks.tolerance,
                           requested_rps=c.sweep.request_rate if c.sweep.arrival.open else None, rules=c.report.rules)
-    fleet = fleet_section(run.stats, c.target.addresses, c.target.routing.value)
+    fleet = (fleet_section(run.stats, c.target.addresses, c.target.routing.value)
+             or gateway_section(run.backend_stages, c.target.fleet_metrics, run.stats))
     if fleet is not None:
         report["fleet"] = jsonable(fleet)
         with_fleet_flags(report)
@@ -86,7 +87,9 @@ def write_final_report(environment) -> dict:
         print("hstu-replay: cache tiers (token hit ratio per tier, users by tier):", flush=True)
         print(format_table(tier_table(report)), flush=True)
     if report.get("fleet"):
-        print(f"hstu-replay: the fleet's servers (--routing {report['fleet']['routing']}):", flush=True)
+        routing = report["fleet"]["routing"]
+        source = "each server's own counters" if routing == "gateway" else f"--routing {routing}"
+        print(f"hstu-replay: the fleet's servers ({source}):", flush=True)
         print(format_table(fleet_table(report)), flush=True)
     html = paths.get("html")
     print(f"hstu-replay: report written to {Path(c.report.report_dir).resolve()}"

@@ -117,6 +117,9 @@ OPTIONS: tuple[LoadOption, ...] = (
                     "one server by a consistent hash), round-robin or random (what a plain balancer does)"), TARGET),
     LoadOption(_own("--routing-header", "", "Send each request's route key in this header, for a gateway to "
                     "hash on (empty: none)"), TARGET),
+    LoadOption(_own("--fleet-metrics", "", "Behind a gateway (one --host): each server's KV-cache metrics URL "
+                    "(server serve --cache-metrics-port), comma-separated; the report's per-server figures come "
+                    "from them"), TARGET, WebForm.HIDDEN),
     LoadOption(A.WORKLOAD.but(help="sessions (replay a prepared store), dumps (NVIDIA dump dir) or timeline (natural "
                               "replay of a store in the log's time order)"), DATA),
     LoadOption(A.STORE.but(default="", help="Prepared KuaiRand store (hstu-replay data prepare)"), DATA, WebForm.PATH),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hstu_replay.client.triton import ModelBinding, TritonClient
-from hstu_replay.errors import ConfigError, HstuReplayError
+from hstu_replay.errors import ConfigError, HstuReplayError, ServerError
 from hstu_replay.loadtest.config import LoadTestConfig, TargetConfig
 from hstu_replay.loadtest.schedule import Schedule
 from hstu_replay.plan.workloads import Workload, WorkloadKind, WorkloadOptions
@@ -106,10 +106,26 @@ def server_budgets(config: LoadTestConfig, binding: ModelBinding) -> LoadTestCon
                                tuple(b.gpu_tokens for b in said) if len(said) > 1 else ())
 
 
+def check_fleet_metrics(target: TargetConfig) -> None:
+    """Behind a gateway: every server's metrics page answers, with the KV-cache counters, before any load."""
+    from hstu_replay.capacity import metrics
+
+    for url in target.fleet_metrics:
+        try:
+            scrape = metrics.scrape(url)
+        except (OSError, ValueError) as exc:
+            raise ServerError(f"--fleet-metrics {url}: cannot scrape: {exc}") from None
+        if scrape.total(metrics.CACHE_COUNTERS["requests"]) is None:
+            raise ConfigError(f"--fleet-metrics {url}: no {metrics.CACHE_COUNTERS['requests']} series (give the "
+                              "server's KV-cache metrics page, server serve --cache-metrics-port)")
+
+
 def prepare(config: LoadTestConfig, placement: Placement, binding: ModelBinding | None = None) -> PreparedRun:
     if config.sweep.stage_requests and not placement.role.ends_stages_on_count:
         raise ConfigError("--stage-requests ends stages in one process; distributed stages end on --stage-seconds")
     binding = binding or connect(config.target)
+    if placement.role.reports:
+        check_fleet_metrics(config.target)
     config = server_budgets(config, binding)
     data, sweep = config.data, config.sweep
     workload = None

@@ -37,6 +37,7 @@ class ActiveRun:
         self.clock = SweepClock(prepared.schedule, self.config.sweep.stage_requests)
         self.stats = RunStats()
         self.server_stages: dict = {}  # bin name -> Triton queue/compute split (master / local)
+        self.backend_stages: dict = {}  # bin name -> each server's own counters, behind a gateway
         placement = prepared.placement
         self.fleet = Fleet(self.config, placement.worker_count, self.stats, self.say)
         self.records = None

@@ -1,4 +1,5 @@
-"""Triton's own view of each stage: queue vs compute time from its statistics API (a fleet's summed).
+"""Triton's own view of each stage: queue vs compute time from its statistics API (a fleet's summed),
+and behind a gateway what each server's own KV-cache counters say of the stage (--fleet-metrics).
 
 A greenlet on the master (or the single process) snapshots the model's cumulative statistics
 when each stage's measured window opens and closes; the difference is that stage's split.
@@ -45,8 +46,20 @@ def split(before: dict, after: dict) -> dict[str, float]:
     return out
 
 
+def _backends(run):
+    """Behind a gateway: the servers' own KV-cache counters (None without --fleet-metrics)."""
+    urls = run.config.target.fleet_metrics
+    if not urls:
+        return None
+    from hstu_replay.fleet.backend_metrics import BackendMetrics
+    from hstu_replay.fleet.local import Backend
+
+    return BackendMetrics([Backend("", "", None, url) for url in urls], run.config.target.model)
+
+
 def watch(environment, run) -> None:
     model = run.config.target.model
+    backends = _backends(run)
     target = run.config.target
     clients = [TritonClient(target.client_options(i)) for i in range(len(target.addresses))]
     pending: dict = {}  # the stage whose window is open, and the snapshot taken when it opened
@@ -54,8 +67,11 @@ def watch(environment, run) -> None:
     def close_window() -> None:
         if pending:
             after = _snapshot(clients, model)
+            name = pending["stage"].key.name()
             if pending["before"] and after:
-                run.server_stages[pending["stage"].key.name()] = split(pending["before"], after)
+                run.server_stages[name] = split(pending["before"], after)
+            if backends is not None:
+                run.backend_stages[name] = backends.figures(pending["backends"], backends.snapshot())
             pending.clear()
 
     def follow():
@@ -69,7 +85,8 @@ def watch(environment, run) -> None:
                 close_window()
                 current = None
             if measuring is not None and current is None:
-                pending.update(stage=measuring, before=_snapshot(clients, model))
+                pending.update(stage=measuring, before=_snapshot(clients, model),
+                               backends=backends.snapshot() if backends is not None else None)
                 current = measuring
             if clock.started and position is None:
                 return

@@ -3,8 +3,9 @@ server's word and the client's prediction), latency and failures; the imbalance 
 server's load over the mean), and the stages where one server breaks while the others do not
 (`hot-shard`) or a server was lost (`server-lost`, its outage counted on that server).
 
-`fleet_section` is report.json's `fleet` object (absent for one server); `fleet_table` the rows
-the terminal, the CSV and the HTML page show.
+`fleet_section` is report.json's `fleet` object (absent for one server); behind a gateway
+(`--fleet-metrics`) `gateway_section` gives it from each server's own counters instead.
+`fleet_table` is the rows the terminal and the HTML page show.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from hstu_replay.output.text import fmt
+from hstu_replay.output.text import cell, fmt
 from hstu_replay.report.flags import HOT_SHARD_P99_FACTOR
 from hstu_replay.report.summary import goal_name, ms_per_logical_request
 from hstu_replay.stats.run_stats import BinKey, BinStats, RunStats
@@ -80,6 +81,32 @@ def fleet_section(stats: RunStats, addresses: tuple[str, ...], routing: str) -> 
             "stages": [_stage(key, stats, addresses) for key in sorted(stats.bins)]}
 
 
+def _backend_row(index: int, url: str, f, total: int) -> dict:
+    return {"server": url, "index": index, "requests": f.requests, "share": _share(f.requests or 0, total),
+            "observed_ratio": math.nan if f.hit_ratio is None else f.hit_ratio, "hit_tokens": f.hit_tokens,
+            "computed_tokens": f.computed_tokens, "hit_source": "observed" if f.hit_ratio is not None else None}
+
+
+def gateway_section(backend_stages: dict, urls: tuple[str, ...], stats: RunStats) -> dict | None:
+    """Behind a gateway: per stage, what each server's own KV-cache counters say of its measured
+    window (`backend_stages`: stage name -> `fleet.backend_metrics.ServerFigures` per server)."""
+    if not urls:
+        return None
+    stages = []
+    for key in sorted(stats.bins):
+        figures = backend_stages.get(key.name())
+        if figures is None:
+            continue
+        loads = [f.requests or 0 for f in figures]
+        total = sum(loads)
+        hottest = max(range(len(loads)), key=loads.__getitem__)
+        stages.append({"name": key.name(), "batch_size": key.batch_size, "target_ratio": key.goal_ratio,
+                       "imbalance": _share(loads[hottest], total / len(loads)), "hottest": urls[hottest],
+                       "flags": [], "servers": [_backend_row(i, u, f, total)
+                                                for i, (u, f) in enumerate(zip(urls, figures))]})
+    return {"routing": "gateway", "servers": list(urls), "stages": stages}
+
+
 def with_fleet_flags(report: dict) -> None:
     """The fleet's flags also on their stages (every output shows a stage's flags; thresholds fail on them)."""
     fleet = report.get("fleet")
@@ -101,11 +128,12 @@ def fleet_table(report: dict) -> list[list[str]]:
     """Header plus one row per (stage, server), then the stage's imbalance."""
     rows = [list(FLEET_HEADER)]
     for stage in report["fleet"]["stages"]:
-        for r in stage["servers"]:
+        for r in stage["servers"]:  # behind a gateway a server's own counters say less: the rest is `-`
+            g = r.get
             rows.append([str(stage["batch_size"]), goal_name(stage["target_ratio"]), r["server"], str(r["requests"]),
-                         fmt(r["share"], ".3f"), fmt(r["throughput_rps"], ".1f"), fmt(r["observed_ratio"], ".3f"),
-                         fmt(r["predicted_ratio"], ".3f"), fmt(r["p50_ms"], ".2f"), fmt(r["p99_ms"], ".2f"),
-                         fmt(r["ms_per_logical_request"], ".3f"), str(r["failures"]), fmt(r["server_down_s"], ".1f")])
+                         fmt(r["share"], ".3f"), fmt(g("throughput_rps"), ".1f"), fmt(r["observed_ratio"], ".3f"),
+                         fmt(g("predicted_ratio"), ".3f"), fmt(g("p50_ms"), ".2f"), fmt(g("p99_ms"), ".2f"),
+                         fmt(g("ms_per_logical_request"), ".3f"), cell(g("failures")), fmt(g("server_down_s"), ".1f")])
         rows.append([str(stage["batch_size"]), goal_name(stage["target_ratio"]), "imbalance (busiest / mean)",
                      "", fmt(stage["imbalance"], ".2f"), "", "", "", "", "", "", "", ""])
     return rows

@@ -69,7 +69,7 @@ def fleet_csv(report: dict) -> str:
     for stage in report["fleet"]["stages"]:
         for row in stage["servers"]:
             w.writerow([_csv_value(v) for v in (stage["name"], stage["batch_size"], stage["target_ratio"],
-                                                stage["imbalance"], *(row[k] for k in FLEET_COLUMNS))])
+                                                stage["imbalance"], *(row.get(k) for k in FLEET_COLUMNS))])
     return buf.getvalue()
 
 

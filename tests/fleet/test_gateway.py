@@ -256,3 +256,51 @@ def test_a_gateway_that_cannot_bind_says_why(tmp_path):
                 gateway.launch()
         finally:
             assert gateway.stop().clean
+
+
+def gateway_run(tmp_path, fleet, gateway, sample_store, ratios: str, protocol: str = "grpc"):
+    from tests.conftest import run_locust
+
+    metrics = ",".join(b.cache_metrics_url for b in fleet.backends)
+    result = run_locust(tmp_path, "-u", "6", "-r", "6", "--host", gateway.url_for(protocol), "--triton-protocol",
+                        protocol, "--routing-header", DEFAULT_ROUTING_HEADER, "--fleet-metrics", metrics,
+                        "--workload", "sessions", "--store", str(sample_store), "--hit-ratios", ratios,
+                        "--batch-sizes", "8", "--stage-seconds", "3", "--warmup-seconds", "0.5",
+                        "--max-history", "256", "--verify-fraction", "0")
+    assert result.returncode in (0, 1), result.stderr[-3000:]
+    return result
+
+
+@needs_haproxy
+@pytest.mark.integration
+def test_a_load_test_through_the_hashing_gateway_holds_the_ratio_on_every_server(fleet, gateways, sample_store,
+                                                                                 tmp_path):
+    before = served_requests(fleet)
+    # ratios that need no priming requests: a server's own counters cover all it computed in the window
+    result = gateway_run(tmp_path, fleet, gateways[Balance.HASH], sample_store, "0,1.0")
+    report = result.report
+    assert report["fleet"]["routing"] == "gateway"
+    assert report["fleet"]["servers"] == [b.cache_metrics_url for b in fleet.backends]
+    for stage, bin_ in zip(report["fleet"]["stages"], report["bins"]):
+        rows = stage["servers"]
+        assert all(r["requests"] > 0 for r in rows), rows  # the route keys spread over both servers
+        for r in rows:  # each server's own counters: the target held on each
+            assert abs(r["observed_ratio"] - stage["target_ratio"]) < 0.03, (stage["name"], r)
+        assert bin_["achieved_ratio"] == pytest.approx(stage["target_ratio"], abs=0.03)
+    assert sum(served_requests(fleet)) - sum(before) >= sum(r["requests"] for s in report["fleet"]["stages"]
+                                                           for r in s["servers"])
+    assert "each server's own counters" in result.stdout
+
+
+@needs_haproxy
+@pytest.mark.integration
+def test_a_load_test_through_round_robin_loses_the_ratio_the_client_planned(fleet, gateways, sample_store, tmp_path):
+    report = gateway_run(tmp_path, fleet, gateways[Balance.ROUND_ROBIN], sample_store, "0.5,1.0").report
+    (half, whole) = report["stages"]
+    # the client planned and predicted as one server holds them; the servers behind the balancer found less
+    assert half["predicted_ratio"] == pytest.approx(0.5, abs=0.03) and whole["predicted_ratio"] == 1.0
+    assert half["observed_ratio"] < 0.4 and half["hits_lost"] > 0
+    for stage in report["fleet"]["stages"]:
+        assert all(0.3 <= r["share"] <= 0.7 for r in stage["servers"])  # turns, whatever the key
+        assert max(r["observed_ratio"] for r in stage["servers"]) < stage["target_ratio"] - 0.05 or \
+            stage["target_ratio"] == 1.0
