@@ -87,6 +87,8 @@ def add_commands(groups) -> None:
                                               "--budgets and --host-budgets")
     OFFLOAD_MODE.add_to(run)
     SERVE_ARGS.add_to(run)
+    Option("--verify-fleet", "after the search, start the fleet each plan names (reference servers of "
+           "--repository on loopback) and drive it at --target-rps: measured vs planned", type=bool).add_to(run)
     Option("--out", "output directory", "runs/capacity").add_to(run)
     run.set_defaults(func=_run)
 
@@ -169,7 +171,7 @@ def _pools(args: argparse.Namespace) -> tuple:
 
     if not args.budgets and not args.host_budgets:
         for flag in ("repository", "serve_args"):
-            if getattr(args, flag):
+            if getattr(args, flag) and not args.verify_fleet:
                 raise ConfigError(f"--{flag.replace('_', '-')} serves the built-in target per pair of pools: "
                                   "give --budgets too (or leave it out and give --triton-url)")
         return ()
@@ -259,6 +261,10 @@ def _run(args: argparse.Namespace) -> int:
     from hstu_replay.capacity.tables import format_summary, step_line
 
     plan = plan_from_args(args)
+    if args.verify_fleet:
+        from hstu_replay.capacity.fleet_check import check_options
+
+        check_options(plan)
     check_endpoints(plan)
     print(f"hstu-replay: capacity: {len(plan.hit_ratios)} hit ratio(s), up to {len(plan.loads)} step(s) of "
           f"{plan.warmup_seconds:g}+{plan.step_seconds:g} s each ({plan.load_kind.unit}), "
@@ -267,12 +273,23 @@ def _run(args: argparse.Namespace) -> int:
                           on_pools=lambda pools: print(f"hstu-replay: capacity: serving pools of GPU "
                                                        f"{pools.gpu_tokens:,} and host {pools.host_tokens:,} tokens "
                                                        f"({pools.offload_mode})", flush=True))
-    written = write_capacity(result)
+    checks = None
+    if args.verify_fleet:
+        from hstu_replay.capacity.fleet_check import check_dict, check_line, check_plan
+
+        checks = check_plan(result, on_check=lambda check: print(check_line(check), flush=True))
+    written = write_capacity(result, None if checks is None else [check_dict(c) for c in checks])
     data = capacity_dict(result)
     print(format_summary(data), flush=True)
     print(f"hstu-replay: capacity written to {plan.out_dir.resolve()} (open {written['html'].resolve()})", flush=True)
     if result.unsustainable:
         print(f"hstu-replay: FAIL: {_failure_line(data)}", file=sys.stderr, flush=True)
+        return NO_SUSTAINABLE_STEP_EXIT
+    missed = [c for c in checks or () if not c.meets_slo]
+    if missed:
+        print("hstu-replay: FAIL: the fleet the plan names misses its SLO at hit ratio "
+              + ", ".join(f"{c.hit_ratio:g} ({c.servers} servers: {'; '.join(c.step.breaches)})" for c in missed),
+              file=sys.stderr, flush=True)
         return NO_SUSTAINABLE_STEP_EXIT
     return 0
 

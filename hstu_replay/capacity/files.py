@@ -53,11 +53,14 @@ def capacity_csv(data: dict) -> str:
     return buf.getvalue()
 
 
-def write_capacity(result: CapacityResult) -> dict[str, Path]:
-    """Write every file into the plan's out dir; format -> path (svg: the throughput chart)."""
+def write_capacity(result: CapacityResult, fleet_checks: list[dict] | None = None) -> dict[str, Path]:
+    """Write every file into the plan's out dir; format -> path (svg: the throughput chart).
+    `fleet_checks`: --verify-fleet's runs of the fleets the plan names (capacity.fleet_check)."""
     out = Path(result.plan.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = capacity_dict(result)
+    if fleet_checks is not None:
+        data["fleet_checks"] = fleet_checks
     svgs = chart_files(data)
     written = {"json": atomic_write(out / JSON_NAME, json_bytes(data)),
                "csv": atomic_write(out / CSV_NAME, capacity_csv(data).encode())}

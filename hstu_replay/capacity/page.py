@@ -31,6 +31,25 @@ def _metrics_rows(data: dict) -> list[list[Any]]:
     return rows
 
 
+def fleet_checks_html(data: dict) -> list[str]:
+    """--verify-fleet: each plan's fleet, run at the target rate, beside what the plan promised."""
+    checks = data.get("fleet_checks")
+    if not checks:
+        return []
+    rows = [["hit ratio", "servers", "req/s offered", "p99 ms planned", "p99 ms measured", "logical req/s",
+             "imbalance", "hit ratio per server", "verdict"]]
+    for c in checks:
+        per_server = ", ".join("-" if r["observed_ratio"] is None else f"{r['observed_ratio']:.3f}"
+                               for r in c["per_server"])
+        rows.append([c["hit_ratio"], c["servers"], c["request_rate"], c["planned_p99_ms"], c["measured_p99_ms"],
+                     c["measured_logical_rps"], c["imbalance"], per_server,
+                     "meets the SLO" if c["meets_slo"] else "MISSES the SLO: " + "; ".join(c["breaches"])])
+    return ["<h2>The fleet each plan names, run (--verify-fleet)</h2>",
+            "<p>The servers the plan answers, started on loopback with the cache it measured, driven at the "
+            "target rate with key-hash routing: one step, judged against the same SLO.</p>",
+            grid(rows, text_cols=0, text_last=True)]
+
+
 def render_html(data: dict, svgs: Mapping[str, str]) -> str:
     """The page, with the charts (`capacity.charts.chart_files`) inline."""
     failed = data["unsustainable"]
@@ -65,6 +84,7 @@ def render_html(data: dict, svgs: Mapping[str, str]) -> str:
         figures(svgs.values()),
         *((f"<h2>Users per GPU per tier budget</h2><p>{escape(POOLS_NOTE)}</p>", grid(pools_table(data), text_cols=2))
           if data["pools"] else ()),
+        *fleet_checks_html(data),
         "<h2>Steps</h2>", grid(steps_table(data), text_cols=1, text_last=True),
         "<h2>Server metrics per step (Prometheus deltas)</h2>",
         (grid(metrics_rows, text_cols=1) if len(metrics_rows[0]) > 2
