@@ -73,6 +73,16 @@ def _asked(target: TargetConfig, server: int, question):
         client.close()
 
 
+def user_servers(target: TargetConfig):
+    """A natural replay over a fleet by key: each log user's server (its keys are drawn to land
+    there, so a request of one time slice's users goes to one server); None otherwise."""
+    if len(target.addresses) < 2 or not target.routing.keeps_affinity:
+        return None
+    from hstu_replay.fleet.routing import router
+
+    return router(target.routing, target.addresses).servers
+
+
 def connect(target: TargetConfig) -> ModelBinding:
     """The served model's interface, the same at every server of a fleet (one line naming the
     server if one is not usable)."""
@@ -133,7 +143,7 @@ def prepare(config: LoadTestConfig, placement: Placement, binding: ModelBinding 
         options = WorkloadOptions(data.path, data.candidates, data.limits, data.seed, placement.worker_index,
                                   placement.worker_count, data.time_scale, sweep.open_rate, data.time_slice_ms,
                                   data.shard, data.policy, config.cache.tier_mix,
-                                  data.working_set)
+                                  data.working_set, user_servers(config.target))
         workload = data.kind.opens(options)
         workload.check(sweep.batches)
     ratios = sweep.ratios if binding.interface.uses_cache else (0.0,)  # nothing to hit: one cold stage

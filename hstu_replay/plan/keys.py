@@ -48,25 +48,32 @@ class KeyAllocator:
         self._base = ((nonce << _OWNER_BITS) | owner) << _COUNTER_BITS
         self._next = 0
         self._landing = landing  # which keys this user may use (None: every key)
-        self._ready: deque[int] = deque()  # drawn keys that land, not yet used
+        self._ready: dict[int, deque[int]] = {}  # server -> drawn keys that land there, not yet used
 
     @property
     def route_key(self) -> int:
         """The route key of every key this allocator makes (see `route_key`)."""
         return route_key(self._base)
 
-    def new_key(self) -> int:
+    def new_key(self, server: int | None = None) -> int:
+        """A key never made before; with a landing, one that lands on `server` (default: the home)."""
         if self._landing is None:
             return self._base + self._counted(1)
+        server = self._landing.home if server is None else server
+        ready = self._ready.setdefault(server, deque())
         drawn = 0
-        while not self._ready:
+        while not ready:
             if drawn >= MAX_KEY_DRAWS:
-                raise PlanError(f"no key of {MAX_KEY_DRAWS} drawn lands on this virtual user's server")
+                raise PlanError(f"no key of {MAX_KEY_DRAWS} drawn lands on server {server}")
             first = self._counted(DRAW_BLOCK)
             keys = np.arange(self._base + first, self._base + first + DRAW_BLOCK, dtype=np.int64)
-            self._ready.extend(keys[self._landing.servers(keys) == self._landing.home].tolist())
+            landed = self._landing.servers(keys)
+            for where in np.unique(landed).tolist():  # draws kept for the server they land on, a block at most
+                queue = self._ready.setdefault(where, deque())
+                if where == server or len(queue) < DRAW_BLOCK:
+                    queue.extend(keys[landed == where].tolist())
             drawn += DRAW_BLOCK
-        return self._ready.popleft()
+        return ready.popleft()
 
     def _counted(self, count: int) -> int:
         """The first of the next `count` counter values."""

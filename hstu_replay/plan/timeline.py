@@ -101,24 +101,42 @@ def build_trace(store, candidates: int, limits: Limits, batch_size: int,
                  skipped_times_ms=times[~sent])
 
 
-def group_requests(trace: Trace, slice_ms: int, batch_size: int) -> np.ndarray:
+def group_requests(trace: Trace, slice_ms: int, batch_size: int, servers: np.ndarray | None = None) -> np.ndarray:
     """Request boundaries: request r is trace[bounds[r]:bounds[r + 1]]. A request takes the
     consecutive visits of one time slice of `slice_ms` (0: one visit each), distinct users,
-    at most `batch_size` of them."""
+    at most `batch_size` of them; with `servers` (each visit's server, see `by_server`) all of one
+    server."""
     n = len(trace)
     if slice_ms <= 0 or batch_size <= 1:
         return np.arange(n + 1, dtype=np.int64)
     slices = trace.times_ms // slice_ms
+    server = np.zeros(n, dtype=np.int64) if servers is None else servers
     bounds = [0]
     members: set[int] = set()
     for i in range(n):
         user = int(trace.users[i])
-        if i > bounds[-1] and (slices[i] != slices[bounds[-1]] or user in members or len(members) >= batch_size):
+        first = bounds[-1]
+        if i > first and (slices[i] != slices[first] or server[i] != server[first] or user in members
+                          or len(members) >= batch_size):
             bounds.append(i)
             members.clear()
         members.add(user)
     bounds.append(n)
     return np.asarray(bounds, dtype=np.int64)
+
+
+def by_server(trace: Trace, user_servers: np.ndarray, slice_ms: int) -> tuple[Trace, np.ndarray]:
+    """The trace with each time slice's visits ordered by their user's server (`user_servers`, by
+    store index), stably, so that `group_requests` can form a request of one server's visits;
+    and each visit's server. Without slices (one visit a request) the order is the log's."""
+    servers = np.asarray(user_servers, dtype=np.int64)[trace.users]
+    if slice_ms <= 0 or not len(trace):
+        return trace, servers
+    order = np.lexsort((np.arange(len(trace)), servers, trace.times_ms // slice_ms))
+    columns = (trace.users, trace.times_ms, trace.starts, trace.first, trace.history, trace.candidates, trace.kind,
+               trace.epoch)
+    return (Trace(*(c[order] for c in columns), history_cap=trace.history_cap, policy=trace.policy,
+                  skipped_users=trace.skipped_users, skipped_times_ms=trace.skipped_times_ms), servers[order])
 
 
 def shard_trace(trace: Trace, index: int, count: int, stride: int = 1) -> Trace:
@@ -162,8 +180,10 @@ class Timeline:
     requests go in log order whichever virtual user takes them first)."""
 
     def __init__(self, store, trace: Trace, bounds: np.ndarray, candidates: int, limits: Limits,
-                 time_scale: float = 0.0, request_rate: float = 0.0, start_ms: int | None = None):
+                 time_scale: float = 0.0, request_rate: float = 0.0, start_ms: int | None = None,
+                 user_servers: np.ndarray | None = None):
         self.store, self.trace, self.bounds, self.limits = store, trace, bounds, limits
+        self.user_servers = user_servers  # a fleet's: store user -> the server its key lands on (None: any)
         # log time of the sweep's start: the whole trace's first visit, so shards keep one clock
         self.start_ms = int(trace.times_ms[0]) if start_ms is None else start_ms
         self.candidates, self.time_scale, self.request_rate = candidates, time_scale, request_rate
@@ -172,7 +192,8 @@ class Timeline:
         self.epochs: dict[int, int] = {}  # store user -> the key epoch its key serves (a rebase starts one)
         # visits skipped since the previous request (the last request takes those after it too)
         firsts = trace.times_ms[bounds[:-1]] if len(bounds) > 1 else np.zeros(0, dtype=np.int64)
-        before = np.searchsorted(np.sort(trace.skipped_times_ms), firsts, side="right")
+        # (within a slice a fleet's requests go server by server: their first times need not ascend)
+        before = np.maximum.accumulate(np.searchsorted(np.sort(trace.skipped_times_ms), firsts, side="right"))
         self.skipped = np.diff(before, prepend=0)
         if len(self.skipped):
             self.skipped[-1] += len(trace.skipped_times_ms) - before[-1]
@@ -276,7 +297,8 @@ class TimelineSource:
             if u in tl.keys and tl.epochs[u] != epoch:  # rebased: what the key holds is no prefix of it
                 self.retired.add(tl.keys.pop(u))
             if u not in tl.keys:
-                tl.keys[u], tl.held[u], tl.epochs[u] = self.keys.new_key(), 0, epoch
+                server = None if tl.user_servers is None else int(tl.user_servers[u])
+                tl.keys[u], tl.held[u], tl.epochs[u] = self.keys.new_key(server), 0, epoch
             history = tl.user(u)
             users.append(UserRequest(
                 user_id=history.user_id, context=history.context,

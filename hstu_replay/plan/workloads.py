@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from hstu_replay.errors import ConfigError, opened_by_option
 from hstu_replay.interface import Limits
 from hstu_replay.plan.dealer import Dealer
@@ -54,6 +56,8 @@ class WorkloadOptions:
     policy: HistoryPolicy = HistoryPolicy()  # natural replay: a visit whose history is past the limit
     tier_mix: TierMix | None = None  # steer each slot to a cache tier (sessions)
     working_set: int = 0  # sessions: N keys per virtual user revisited round-robin (0: off)
+    user_servers: Callable[[np.ndarray], np.ndarray] | None = None  # natural replay over a fleet by key:
+    # store indices -> each user's server (a request's users then share one)
 
 
 class Workload(Protocol):
@@ -170,7 +174,7 @@ class TimelineWorkload:
         self.timeline = None
 
     def check(self, batch_sizes: tuple[int, ...]) -> None:
-        from hstu_replay.plan.timeline import Timeline, build_trace, group_requests, shard_trace
+        from hstu_replay.plan.timeline import Timeline, build_trace, by_server, group_requests, shard_trace
 
         o = self.options
         if len(batch_sizes) != 1:
@@ -184,9 +188,13 @@ class TimelineWorkload:
         if not len(trace):
             raise ConfigError(f"--store {o.path}: no user (of this shard and worker) comes back after a gap of 60 s: "
                               "nothing to replay")
-        self.timeline = Timeline(self.store, trace, group_requests(trace, o.slice_ms, batch), o.candidates,
-                                 o.limits, o.time_scale, o.request_rate,
-                                 start_ms=int(whole.times_ms[0]) if len(whole) else None)
+        user_servers = visit_servers = None
+        if o.user_servers is not None:
+            user_servers = o.user_servers(np.arange(len(self.store), dtype=np.int64))
+            trace, visit_servers = by_server(trace, user_servers, o.slice_ms)
+        self.timeline = Timeline(self.store, trace, group_requests(trace, o.slice_ms, batch, visit_servers),
+                                 o.candidates, o.limits, o.time_scale, o.request_rate,
+                                 start_ms=int(whole.times_ms[0]) if len(whole) else None, user_servers=user_servers)
 
     def history_cap(self, batch_size: int) -> int:
         return self.options.limits.history_cap(batch_size, self.options.candidates)

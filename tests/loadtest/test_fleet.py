@@ -196,16 +196,21 @@ def test_master_and_two_workers_route_every_key_the_same_way(oracle_fleet, sampl
 
 
 @pytest.mark.integration
-def test_a_natural_replay_sends_each_log_users_visits_to_one_server(oracle_fleet, long_store, tmp_path):
+@pytest.mark.parametrize("batch", [1, 8])
+def test_a_natural_replay_sends_each_log_users_visits_to_one_server(oracle_fleet, long_store, tmp_path, batch):
     servers = oracle_fleet[:2]
     starts = [len(s.records()) for s in servers]
+    slices = ("--time-slice-ms", "86400000") if batch > 1 else ()  # a day of log a request: full batches
     result = run_locust(tmp_path, "-u", "2", "-r", "2", *fleet_args(servers), "--workload", "timeline",
-                        "--store", str(long_store), "--batch-sizes", "1", "--stage-seconds", "4")
+                        "--store", str(long_store), "--batch-sizes", str(batch), *slices, "--stage-seconds", "4")
     assert result.returncode == 0, result.stderr[-3000:]
     counted = check_against_servers(result.report, read_records(tmp_path), servers, starts)
     (stage,) = result.report["fleet"]["stages"]
     assert all(row["requests"] >= 3 for row in stage["servers"])  # few log users: the split is uneven
     assert all(0 < counted[stage["name"], i] < 1 for i in range(2))  # returns hit, first visits miss
+    if batch > 1:
+        seen = [e for s, start in zip(servers, starts) for e in s.records()[start:]]
+        assert max(len(e["keys"]) for e in seen) > 1  # the slices did fill batches, each on one server
 
 
 @pytest.fixture
@@ -307,3 +312,11 @@ def test_a_retired_key_is_forgotten_at_every_server_it_was_sent_to(tmp_path):
     f.retire([77])
     assert [s.cache.held(77) for s in f.servers] == [0, 0, 0] and f.servers[1].cache.held(88) == 5
     assert f.plan_cache.held(77) == 0
+
+
+def test_a_user_may_draw_keys_for_any_server_of_the_ring(tmp_path):
+    f, ring = fleet(tmp_path), plain_ring(HOSTS)
+    keys = f.keys(0, 0, 1)
+    for server in (2, 0, 1, 2):
+        assert ring(keys.new_key(server)) == server
+    assert ring(keys.new_key()) == f.home(0, 0, 1)

@@ -7,7 +7,7 @@ import numpy as np
 from hstu_replay.data.store import SequenceStore
 from hstu_replay.interface import Limits
 from hstu_replay.plan.over_limit import HistoryPolicy, OverLimit
-from hstu_replay.plan.timeline import build_trace, group_requests
+from hstu_replay.plan.timeline import build_trace, by_server, group_requests
 
 OLDEST = HistoryPolicy(OverLimit.OLDEST)
 
@@ -52,6 +52,19 @@ def test_requests_group_one_slice_of_distinct_users():
     assert group_requests(trace, 1_000_000, 8).tolist() == [0, 3, 4]  # user 0 again: a new request
     assert group_requests(trace, 1_000_000, 2).tolist() == [0, 2, 4]
     assert group_requests(trace, 100_000, 8).tolist() == [0, 1, 4]  # slices [0,100) and [100,200) s
+
+
+def test_over_a_fleet_a_slices_visits_go_server_by_server_each_user_in_log_order():
+    store = _Times([0, 70_000, 140_000], [0, 100_000], [0, 110_000], [0, 120_000])
+    trace = build_trace(store, candidates=1, limits=Limits(), batch_size=8)
+    assert trace.users.tolist() == [0, 1, 2, 3, 0]  # at 70, 100, 110, 120 and 140 s
+    servers = np.array([1, 0, 1, 0])  # users 0 and 2 on server 1, users 1 and 3 on server 0
+    ordered, visit_servers = by_server(trace, servers, 1_000_000)  # one slice
+    assert ordered.users.tolist() == [1, 3, 0, 2, 0] and visit_servers.tolist() == [0, 0, 1, 1, 1]
+    assert ordered.times_ms.tolist() == [100_000, 120_000, 70_000, 110_000, 140_000]
+    # hand-worked: server 0's users together, then server 1's; user 0 again starts a request
+    assert group_requests(ordered, 1_000_000, 8, visit_servers).tolist() == [0, 2, 4, 5]
+    assert by_server(trace, servers, 0)[0].users.tolist() == trace.users.tolist()  # one visit a request: as logged
 
 
 def test_a_store_trace_follows_every_users_visits(long_store):
