@@ -157,3 +157,12 @@ def test_tab_rows_carry_tier_columns_only_where_the_run_has_tiers():
                          rules=StageRules())
     assert not [k for k in rows(plain)[0] if k.startswith("tier_")]
     assert "Cache tiers" not in charts_fragment(plain)
+
+
+def test_the_tab_shows_each_server_of_a_fleet():
+    from hstu_replay.loadtest.webui import charts_fragment
+    from tests.report.test_fleet_section import ADDRESSES, report, stats
+
+    fragment = charts_fragment(report(stats((30, 20, 10), (10, 10, 10))))
+    assert "Fleet: 3 servers, --routing key-hash" in fragment and all(a in fragment for a in ADDRESSES)
+    assert "Fleet" not in charts_fragment(report(stats((30, 20, 10), (10, 10, 10))) | {"fleet": None})
