@@ -46,7 +46,8 @@ step_protocol_eager() {  # EAGER_CONFIGS: the configs (default: protocol's)
         bash bench/gpu_protocol.sh "$OUT/protocol-eager" "${USERS:-128}" 1
 }
 step_gpu_tests() {
-    $PY -m pytest -q -s -p no:cacheprovider tests/server/test_step_graphs.py tests/server/test_batched_step.py -k gpu
+    $PY -m pytest -q -s -p no:cacheprovider tests/server/test_step_graphs.py tests/server/test_batched_step.py \
+        tests/server/test_cpp_backend.py -k gpu
 }
 step_protocol_baot() {
     ENGINE=batched-aoti CONFIGS=${BAOT_CONFIGS:-kuairand-1k} SERVE_ARGS="$NATIVE" \

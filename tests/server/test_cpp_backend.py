@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from hstu_replay.client.triton import ClientOptions, TritonClient
 from hstu_replay.errors import ServerError
@@ -70,9 +71,9 @@ def test_what_the_cpp_backend_cannot_serve_is_refused_in_one_line(extra, says):
     assert says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
-def serving(repository: Path, log: Path, budget_tokens: int):
+def serving(repository: Path, log: Path, budget_tokens: int, *extra: str):
     server = start_server(repository, log, "--frontend", "cpp-backend", "--engine", "batched-aoti",
-                          "--config", "small", "--cache-budget-tokens", str(budget_tokens), ready_timeout=600)
+                          "--config", "small", "--cache-budget-tokens", str(budget_tokens), *extra, ready_timeout=600)
     yield server, log
     code = stop_server(server)  # also: tritonserver and every port gone
     assert code == 0, log.read_text(errors="replace")[-2000:]
@@ -112,15 +113,16 @@ def test_no_python_runs_in_the_serving_process(cpp_server):
     assert not re.search(r"/libpython[\d.]*\.so", maps)  # the package's attention is the backend's C++ operator
 
 
-@pytest.mark.integration
-def test_logits_cold_partly_and_fully_cached_are_the_eager_models(cpp_server, eager):
-    server, _ = cpp_server
+def answers_are_the_eager_models(server, eager, base_key: int) -> None:
+    """Cold, partly cached and fully cached users (one of a single candidate) against the eager model,
+    on every ranking model of the server."""
     client = connect(server)
     try:
-        users = [user(71, 120, key=7_100), user(72, 40, cand=9, key=7_200), user(73, 3, cand=1, key=7_300)]
-        cold = client.infer(build_request([prefix(u, 20) if i == 0 else u for i, u in enumerate(users)]))
-        expected_cold = eager([prefix(users[0], 20), *users[1:]])
-        np.testing.assert_allclose(cold.logits, expected_cold, atol=DEFAULT_TOLERANCE, rtol=0)
+        users = [user(71, 120, key=base_key), user(72, 40, cand=9, key=base_key + 1),
+                 user(73, 3, cand=1, key=base_key + 2)]
+        cold = client.infer(build_request([prefix(users[0], 20), *users[1:]]))
+        np.testing.assert_allclose(cold.logits, eager([prefix(users[0], 20), *users[1:]]), atol=DEFAULT_TOLERANCE,
+                                   rtol=0)
         partly = client.infer(build_request(users))  # user 71 extends 20 items to 120; the others held in full
         assert partly.cached_tokens.tolist() == [6 + 2 * 20, 6 + 2 * 40, 6 + 2 * 3]
         full = client.infer(build_request(users))
@@ -128,15 +130,30 @@ def test_logits_cold_partly_and_fully_cached_are_the_eager_models(cpp_server, ea
         expected = eager(users)
         for answer in (partly, full):
             np.testing.assert_allclose(answer.logits, expected, atol=DEFAULT_TOLERANCE, rtol=0)
-        for model, wanted in ((NOCACHE.model_name, expected), (PYTHON_BACKEND.model_name, expected)):
+        for model in (NOCACHE.model_name, PYTHON_BACKEND.model_name):
             other = connect(server, model)
             try:
-                np.testing.assert_allclose(other.infer(build_request(users)).logits, wanted,
+                np.testing.assert_allclose(other.infer(build_request(users)).logits, expected,
                                            atol=DEFAULT_TOLERANCE, rtol=0)
             finally:
                 other.close()
     finally:
         client.close()
+
+
+@pytest.mark.integration
+def test_logits_cold_partly_and_fully_cached_are_the_eager_models(cpp_server, eager):
+    answers_are_the_eager_models(cpp_server[0], eager, 7_100)
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU package carries the Triton kernel: needs a GPU")
+def test_on_a_gpu_the_backend_serves_the_package_with_its_kernel_and_answers_as_eager(tmp_path, eager):
+    repository = tmp_path / "repository"  # the small config's batched step compiled for the GPU here (a minute)
+    server_log = tmp_path / "server.log"
+    for server, _ in serving(repository, server_log, BUDGET_TOKENS, "--device", "cuda"):
+        answers_are_the_eager_models(server, eager, 7_500)
+        assert list(repository.rglob("*cuda*.pt2"))
 
 
 @pytest.mark.integration
