@@ -71,14 +71,22 @@ at::Tensor Engine::forward(const std::vector<UserView>& users, const std::vector
   const at::Tensor table = pool_->page_table(placed);
   const int64_t width = table.size(1);
   const int64_t* rows = table.data_ptr<int64_t>();
-  // every index the forward needs in one host buffer: ids, kinds, positions, slots
+  // Every index the forward needs in one host buffer (pinned for a GPU), copied to the device at once:
+  // ids, kinds, positions, slots, page table, work items; each part starts 16 bytes aligned, as the
+  // package was compiled to expect.
   const int64_t tokens = hist_tokens + cand_tokens;
   const int64_t padded = std::max<int64_t>(tokens, 2);  // one token alone: pad a row no work item reads
-  at::Tensor packed = at::empty({3 * padded + hist_tokens}, at::kLong);
-  int64_t* ids = packed.data_ptr<int64_t>();
-  int64_t* kinds = ids + padded;
-  int64_t* positions = kinds + padded;
-  int64_t* slots = positions + padded;
+  const auto aligned = [](int64_t n) { return (n + 1) / 2 * 2; };
+  const int64_t sizes[] = {padded, padded, padded, hist_tokens, int64_t(table.numel()),
+                           int64_t(items.size()) * kItemFields};
+  int64_t offsets[7] = {0};
+  for (int part = 0; part < 6; ++part) offsets[part + 1] = offsets[part] + aligned(sizes[part]);
+  at::Tensor packed = at::empty({offsets[6]}, at::TensorOptions(at::kLong).pinned_memory(device_.is_cuda()));
+  int64_t* base = packed.data_ptr<int64_t>();
+  int64_t* ids = base + offsets[0];
+  int64_t* kinds = base + offsets[1];
+  int64_t* positions = base + offsets[2];
+  int64_t* slots = base + offsets[3];
   int64_t at_token = 0;
   for (size_t u = 0; u < users.size(); ++u) {
     for (int64_t p = placed[u].hit; p < placed[u].total; ++p, ++at_token) {
@@ -100,15 +108,14 @@ at::Tensor Engine::forward(const std::vector<UserView>& users, const std::vector
     kinds[at_token] = kinds[0];
     positions[at_token] = positions[0];
   }
-  at::Tensor work = at::empty({int64_t(items.size()), kItemFields}, at::kLong);
-  std::copy(items.begin(), items.end(), reinterpret_cast<WorkItem*>(work.data_ptr<int64_t>()));
+  std::copy(rows, rows + table.numel(), base + offsets[4]);
+  std::copy(items.begin(), items.end(), reinterpret_cast<WorkItem*>(base + offsets[5]));
   c10::InferenceMode inference;
   const at::Tensor on_device = packed.to(device_, /*non_blocking=*/true);
-  std::vector<at::Tensor> inputs = {
-      on_device.narrow(0, 0, padded),          on_device.narrow(0, padded, padded),
-      on_device.narrow(0, 2 * padded, padded), table.to(device_, true),
-      work.to(device_, true),                  on_device.narrow(0, 3 * padded, hist_tokens),
-      pool_->pool_k,                           pool_->pool_v};
+  const auto part = [&](int index) { return on_device.narrow(0, offsets[index], sizes[index]); };
+  std::vector<at::Tensor> inputs = {part(0), part(1), part(2), part(4).view({table.size(0), width}),
+                                    part(5).view({int64_t(items.size()), kItemFields}), part(3),
+                                    pool_->pool_k, pool_->pool_v};
   std::vector<at::Tensor> outputs = loader_->run(inputs);
   return outputs.at(0).narrow(0, 0, cand_tokens).to(at::kCPU, at::kFloat).contiguous();
 }
