@@ -66,7 +66,8 @@ class Parameters {
 
   std::string text(const std::string& key) const {
     const std::string name = "\"" + key + "\"";
-    size_t at = json_.find(name);
+    size_t at = json_.find("\"parameters\"");  // the config's own fields never shadow a key
+    at = at == std::string::npos ? at : json_.find(name, at);
     at = at == std::string::npos ? at : json_.find("\"string_value\"", at + name.size());
     at = at == std::string::npos ? at : json_.find('"', json_.find(':', at) + 1);
     const size_t end = at == std::string::npos ? at : json_.find('"', at + 1);
