@@ -169,15 +169,15 @@ def _serve(args) -> int:
     print(f"hstu-replay: model threads {threads}", file=sys.stderr, flush=True)
     device = resolve_device(args.device)
     config = get_config(args.config, args.dtype)
+    # the C++ backend first: a missing compiler or CMake is said before the package's compile
+    library = _cpp_backend_library() if args.frontend == "cpp-backend" else None
     prepare_engine(args.engine, args.repository, config, args.seed, args.page_tokens, device)
-    if args.frontend == "cpp-backend":
+    if library is not None:
         from hstu_replay.server.build import batched_step_path
-        from hstu_replay.server.cpp_backend import CppBackendSettings, build_backend, serve_cpp
+        from hstu_replay.server.cpp_backend import CppBackendSettings, serve_cpp
 
-        library = build_backend()
-        serve_cpp(CppBackendSettings(config, batched_step_path(args.repository, config, args.seed, args.page_tokens,
-                                                               device), args.cache_budget_tokens, args.page_tokens),
-                  options, library)
+        package = batched_step_path(args.repository, config, args.seed, args.page_tokens, device)
+        serve_cpp(CppBackendSettings(config, package, args.cache_budget_tokens, args.page_tokens), options, library)
         return 0
     if args.frontend == "python-backend":
         from hstu_replay.server.python_backend import BackendSettings, serve_native
@@ -191,6 +191,12 @@ def _serve(args) -> int:
                                         args.page_tokens, device, host)
     serve(engines, options)
     return 0
+
+
+def _cpp_backend_library() -> Path:
+    from hstu_replay.server.cpp_backend import build_backend
+
+    return build_backend()
 
 
 def _check_cpp_backend(args) -> None:

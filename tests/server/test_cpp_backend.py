@@ -21,7 +21,7 @@ from hstu_replay.client.triton import ClientOptions, TritonClient
 from hstu_replay.errors import ServerError
 from hstu_replay.inspection import descendants, mapped_paths
 from hstu_replay.interface import CONTROL_MODEL, KVCACHE, NOCACHE, PYTHON_BACKEND, Limits
-from hstu_replay.request import UserRequest, build_request
+from hstu_replay.request import build_request
 from hstu_replay.server.cpp_backend import BACKEND_NAME, config_text, parameters, CppBackendSettings
 from hstu_replay.server.engine import RankingEngine
 from hstu_replay.server.model import EagerCompute, build_model
