@@ -142,7 +142,8 @@ void read_input(TRITONBACKEND_Request* request, const std::string& field, const 
     const auto* first = static_cast<const int64_t*>(buffer);
     out.joined.insert(out.joined.end(), first, first + size / sizeof(int64_t));
   }
-  out.view.data = out.joined.data();
+  static const int64_t kEmpty = 0;  // an input of no elements is there all the same (not derived)
+  out.view.data = out.joined.empty() ? &kEmpty : out.joined.data();
 }
 
 void add_output(TRITONBACKEND_Response* response, const std::string& name, TRITONSERVER_DataType dtype,
