@@ -18,7 +18,11 @@ RUNS=${3:-2}
 PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bfloat16} CONFIGS=${CONFIGS:-kuairand-1k kuairand-1k-8l}
 ENGINE=${ENGINE:-batched} EXPORT_TIMEOUT=${EXPORT_TIMEOUT:-600} SERVE_ARGS=${SERVE_ARGS:-}
-FRONTEND=$(echo "$SERVE_ARGS" | grep -q python-backend && echo "Triton's Python backend (no proxy)" || echo "PyTriton's Python backend")
+case "$SERVE_ARGS" in
+    *cpp-backend*) FRONTEND="our C++ Triton backend (libtriton_hstu.so)" ;;
+    *python-backend*) FRONTEND="Triton's Python backend (no proxy)" ;;
+    *) FRONTEND="PyTriton's Python backend" ;;
+esac
 HISTORY=${HISTORY:-4096} CANDIDATES=${CANDIDATES:-100} SCALE=${SCALE:-1.0}
 HW=${HARDWARE:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo "$DEVICE")}
 mkdir -p "$OUT"
@@ -34,6 +38,16 @@ for cfg in $CONFIGS; do
             --device "$DEVICE" >"$OUT/export-$cfg.log" 2>&1
         code=$?
         echo "== export $cfg: exit $code after $(( $(date +%s) - start )) s"
+        tail -5 "$OUT/export-$cfg.log"
+        [ $code -eq 0 ] || continue
+    elif [ "$ENGINE" = batched-aoti ]; then  # compiled here, bounded, so that `serve` finds it compiled
+        start=$(date +%s)
+        timeout "$EXPORT_TIMEOUT" $PY -c "import sys; from hstu_replay.server.build import prepare_engine
+from hstu_replay.server.model_config import get_config
+prepare_engine('batched-aoti', sys.argv[1], get_config(sys.argv[2], sys.argv[3]), 0, 32, sys.argv[4])" \
+            "$REPO" "$cfg" "$DTYPE" "$DEVICE" >"$OUT/export-$cfg.log" 2>&1
+        code=$?
+        echo "== batched step $cfg: exit $code after $(( $(date +%s) - start )) s"
         tail -5 "$OUT/export-$cfg.log"
         [ $code -eq 0 ] || continue
     fi

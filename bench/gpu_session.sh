@@ -12,6 +12,9 @@
 #   protocol-pyt  the same behind PyTriton (the baseline), 3 layers
 #   protocol-aoti the same on AOTInductor packages compiled there (ENGINE=aoti), 3 layers
 #   protocol-baot the same on the batched step compiled there by AOTInductor (ENGINE=batched-aoti), 3 layers
+#   cpp-build     build our C++ Triton backend (cpp/backend) against the machine's torch
+#   protocol-cpp  NVIDIA's protocol against that backend serving the batched step (CPP_CONFIGS, default 3 and 8
+#                 layers)
 #   profile       where a served batch-8 request's time goes (bench/gpu_serving_profile.py), Python backend
 #                 with CUDA graphs and without; the backend's phase lines (HSTU_REPLAY_BACKEND_PHASES)
 #   locust        our Locust sweep (bench/gpu_locust.sh; SERVE_ARGS as for protocol)
@@ -43,11 +46,17 @@ step_protocol_eager() {  # EAGER_CONFIGS: the configs (default: protocol's)
         bash bench/gpu_protocol.sh "$OUT/protocol-eager" "${USERS:-128}" 1
 }
 step_gpu_tests() {
-    $PY -m pytest -q -s -p no:cacheprovider tests/server/test_step_graphs.py tests/server/test_batched_step.py -k gpu
+    $PY -m pytest -q -s -p no:cacheprovider tests/server/test_step_graphs.py tests/server/test_batched_step.py \
+        tests/server/test_cpp_backend.py -k gpu
 }
 step_protocol_baot() {
     ENGINE=batched-aoti CONFIGS=${BAOT_CONFIGS:-kuairand-1k} SERVE_ARGS="$NATIVE" \
         bash bench/gpu_protocol.sh "$OUT/protocol-baot" "${USERS:-128}" 1
+}
+step_cpp_build() { $PY -c "from hstu_replay.server.cpp_backend import build_backend; print(build_backend())"; }
+step_protocol_cpp() {
+    ENGINE=batched-aoti CONFIGS=${CPP_CONFIGS:-kuairand-1k kuairand-1k-8l} SERVE_ARGS="--frontend cpp-backend" \
+        bash bench/gpu_protocol.sh "$OUT/protocol-cpp" "${USERS:-128}" 1
 }
 step_protocol_pyt() { CONFIGS=kuairand-1k bash bench/gpu_protocol.sh "$OUT/protocol-pyt" "${USERS:-128}" 1; }
 step_protocol_aoti() {  # not where aoti-check (when run before) loaded no package compiled for the GPU

@@ -99,17 +99,25 @@ def _is_current(binary: Path, inputs: list[Path]) -> bool:
 
 
 def build(build_dir: str | Path | None = None) -> Path:
-    """Configure and build `hstu_replay_dump` unless the binary is newer than its sources.
+    """Configure and build `hstu_replay_dump` unless the binary is newer than its sources."""
+    return build_cmake(SOURCE_DIR, Path(build_dir) if build_dir is not None else DEFAULT_BUILD_DIR, BINARY_NAME,
+                       "the C++ replay program", "C++ replay")
+
+
+def build_cmake(source_dir: Path, build_dir: Path, artifact: str, title: str, what: str,
+                defines: tuple[str, ...] = ()) -> Path:
+    """Configure and build `source_dir` against the torch wheel's libtorch into `build_dir` unless
+    `artifact` there is newer than the sources (`title` names it in the progress lines, `what` in errors;
+    `defines`: more -D settings for CMake).
 
     The sources include torch's TorchConfig.cmake, so another torch install triggers a rebuild.
     A file lock keeps two processes from building into one directory at once.
     """
-    build_dir = Path(build_dir) if build_dir is not None else DEFAULT_BUILD_DIR
-    binary = build_dir / BINARY_NAME
+    binary = build_dir / artifact
     prefix = torch_cmake_prefix()
-    inputs = [p for p in SOURCE_DIR.iterdir() if p.is_file()] if SOURCE_DIR.is_dir() else []
+    inputs = [p for p in source_dir.iterdir() if p.is_file()] if source_dir.is_dir() else []
     if not inputs:
-        raise ConfigError(f"{SOURCE_DIR}: the C++ replay sources are missing (use a source checkout)")
+        raise ConfigError(f"{source_dir}: the {what} sources are missing (use a source checkout)")
     inputs.append(prefix / "Torch" / "TorchConfig.cmake")
     if _is_current(binary, inputs):
         return binary
@@ -119,33 +127,32 @@ def build(build_dir: str | Path | None = None) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _is_current(binary, inputs):  # built by another process while we waited
             return binary
-        print(f"hstu-replay: building the C++ replay program in {build_dir} (one time)...",
-              file=sys.stderr, flush=True)
+        print(f"hstu-replay: building {title} in {build_dir} (one time)...", file=sys.stderr, flush=True)
         started = time.perf_counter()
         log = build_dir / "build.log"
         log.write_text("")
         # No CMAKE_BUILD_TYPE: the work happens inside libtorch, and an unoptimised build of the
-        # glue compiles about a third faster on a 2-core machine.
-        _run_logged([cmake, "-S", str(SOURCE_DIR), "-B", str(build_dir), f"-DCMAKE_PREFIX_PATH={prefix}",
-                     f"-DCMAKE_CXX_COMPILER={compiler}"], log, "configuring")
-        _run_logged([cmake, "--build", str(build_dir), "--parallel", str(BUILD_JOBS)], log, "compiling")
+        # glue compiles about a third faster on a 2-core machine (a CMakeLists may pick its own).
+        _run_logged([cmake, "-S", str(source_dir), "-B", str(build_dir), f"-DCMAKE_PREFIX_PATH={prefix}",
+                     f"-DCMAKE_CXX_COMPILER={compiler}", *(f"-D{d}" for d in defines)], log, "configuring", what)
+        _run_logged([cmake, "--build", str(build_dir), "--parallel", str(BUILD_JOBS)], log, "compiling", what)
         if not binary.is_file():
-            raise ConfigError(f"the C++ replay build produced no {binary} (log: {log})")
+            raise ConfigError(f"the {what} build produced no {binary} (log: {log})")
         binary.touch()  # newer than every input even when make found nothing to redo
         print(f"hstu-replay: built {binary} in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     return binary
 
 
-def _run_logged(command: list[str], log: Path, step: str) -> None:
+def _run_logged(command: list[str], log: Path, step: str, what: str) -> None:
     try:
         proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               timeout=BUILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise ConfigError(f"the C++ replay build timed out while {step} (over {BUILD_TIMEOUT_S:g} s)") from None
+        raise ConfigError(f"the {what} build timed out while {step} (over {BUILD_TIMEOUT_S:g} s)") from None
     with log.open("a") as out:
         out.write(f"$ {' '.join(command)}\n{proc.stdout}\n")
     if proc.returncode != 0:
-        raise ConfigError(f"the C++ replay build failed while {step}: {last_error_line(proc.stdout)} (log: {log})")
+        raise ConfigError(f"the {what} build failed while {step}: {last_error_line(proc.stdout)} (log: {log})")
 
 
 def last_error_line(output: str) -> str:

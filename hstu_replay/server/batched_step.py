@@ -31,6 +31,10 @@ class BatchedStep(nn.Module):
                 pool_k: Tensor, pool_v: Tensor, split: bool = True) -> Tensor:
         model, cfg = self.model, self.model.config
         n_hist = slots.shape[0]
+        # every slot is a new history token's: with this known, the rows written below are exactly
+        # n_hist long (`narrow`), where a slice would be min(n_hist, tokens), a size Inductor's CUDA
+        # lowering of index_put_ cannot broadcast against the slots' (ExpandView([u0, ...], [s, ...]))
+        torch._check(n_hist <= ids.shape[0])
         x = model.embed(ids, kinds, positions)
         for index, layer in enumerate(model.layers):
             u, v, q, k = F.silu(layer.uvqk(layer.norm_in(x))).split(cfg.attn_dim, dim=-1)
@@ -38,8 +42,8 @@ class BatchedStep(nn.Module):
             # contiguous: Inductor cannot slice the strided view `split` leaves (a lowering error on a GPU)
             k, v = (t.unflatten(-1, (cfg.num_heads, cfg.head_dim)).contiguous() for t in (k, v))
             at_layer = slots.new_full((1,), index)
-            pool_k.index_put_((at_layer, slots), k[:n_hist])
-            pool_v.index_put_((at_layer, slots), v[:n_hist])
+            pool_k.index_put_((at_layer, slots), k.narrow(0, 0, n_hist))
+            pool_v.index_put_((at_layer, slots), v.narrow(0, 0, n_hist))
             if self.attention is None:
                 attn = paged_attention(q, k, v, pool_k[index], pool_v[index], page_table, split, items,
                                        self.page_tokens, cfg.attn_normaliser)

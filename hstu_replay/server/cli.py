@@ -13,6 +13,10 @@ from hstu_replay.arguments import (
 )
 from hstu_replay.errors import ConfigError
 
+FRONTENDS = ("pytriton", "python-backend", "cpp-backend")
+#: the engine the C++ backend serves (its package); the host tier is not built in C++
+CPP_BACKEND_ENGINE = "batched-aoti"
+
 SERVE_OPTIONS = (
     Option("--host", "address to listen on", "127.0.0.1"),
     Option("--http-port", "Triton's HTTP port", 8000, int),
@@ -36,8 +40,10 @@ SERVE_OPTIONS = (
     THREADS,
     Option("--frontend", "pytriton: PyTriton binds the models (one proxy process between tritonserver and the "
                          "engine); python-backend: a Python-backend model repository served by tritonserver "
-                         "directly, each model's engine inside its backend stub (no proxy)", "pytriton",
-           choices=("pytriton", "python-backend")),
+                         "directly, each model's engine inside its backend stub (no proxy); cpp-backend: our C++ Triton "
+                         "backend (cpp/backend, built with CMake once) serving the batched-aoti package, no Python "
+                         "in tritonserver's process (needs --engine batched-aoti; no host tier)", "pytriton",
+           choices=FRONTENDS),
     Option("--log-verbose", "tritonserver's log verbosity", 0, int),
     Option("--tls-cert", "PEM server certificate: gRPC then takes TLS only"),
     Option("--tls-key", "PEM private key of --tls-cert"),
@@ -151,6 +157,8 @@ def _serve(args) -> int:
 
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ConfigError("--tls-cert and --tls-key go together")
+    if args.frontend == "cpp-backend":
+        _check_cpp_backend(args)
     host = HostTierOptions(args.host_budget_tokens, OffloadMode(args.offload_mode), args.offload_chunk_tokens)
     options = ServeOptions(args.host, args.http_port, args.grpc_port, args.metrics_port, args.cache_metrics_port,
                            args.log_verbose, TlsFiles(args.tls_cert, args.tls_key) if args.tls_cert else None,
@@ -161,7 +169,16 @@ def _serve(args) -> int:
     print(f"hstu-replay: model threads {threads}", file=sys.stderr, flush=True)
     device = resolve_device(args.device)
     config = get_config(args.config, args.dtype)
+    # the C++ backend first: a missing compiler or CMake is said before the package's compile
+    library = _cpp_backend_library() if args.frontend == "cpp-backend" else None
     prepare_engine(args.engine, args.repository, config, args.seed, args.page_tokens, device)
+    if library is not None:
+        from hstu_replay.server.build import batched_step_path
+        from hstu_replay.server.cpp_backend import CppBackendSettings, serve_cpp
+
+        package = batched_step_path(args.repository, config, args.seed, args.page_tokens, device)
+        serve_cpp(CppBackendSettings(config, package, args.cache_budget_tokens, args.page_tokens), options, library)
+        return 0
     if args.frontend == "python-backend":
         from hstu_replay.server.python_backend import BackendSettings, serve_native
 
@@ -174,6 +191,21 @@ def _serve(args) -> int:
                                         args.page_tokens, device, host)
     serve(engines, options)
     return 0
+
+
+def _cpp_backend_library() -> Path:
+    from hstu_replay.server.cpp_backend import build_backend
+
+    return build_backend()
+
+
+def _check_cpp_backend(args) -> None:
+    """What the C++ backend cannot serve, refused in one line before any work."""
+    if args.engine != CPP_BACKEND_ENGINE:
+        raise ConfigError(f"--frontend cpp-backend serves --engine {CPP_BACKEND_ENGINE} only (got --engine {args.engine})")
+    if args.host_budget_tokens:
+        raise ConfigError("--host-budget-tokens: the host tier is not built into the C++ backend; "
+                          "use --frontend pytriton or python-backend for it")
 
 
 def _dump(args) -> int:

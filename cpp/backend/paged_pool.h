@@ -1,0 +1,69 @@
+// The KV pool in pages and each held user's page table, beside a CacheLedger that decides
+// everything (hstu_replay/server/paged_cache.py's semantics): a cached user's new tokens go on
+// after its last token, in its last partly filled page and then in fresh pages, so a hit copies
+// nothing. The pool has room for the ledger's budget plus one full request; its memory is taken
+// as pages are used (one full request first, then twice the size, at most the whole pool).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cache_ledger.h"
+
+namespace hstu {
+
+struct PoolShape {
+  int64_t layers, heads, head_dim, page_tokens;
+  int64_t budget_tokens;
+  int64_t request_pages;  // a full request's pages: max batch x pages of the longest history
+};
+
+struct UserPages {
+  int64_t key, hit, total;
+  const std::vector<int64_t>* pages;  // the user's pages in token order (owned by the pool)
+};
+
+struct Counters {
+  int64_t hit_tokens = 0, computed_tokens = 0, evicted_users = 0, requests = 0;
+};
+
+class PagedPool {
+ public:
+  PagedPool(const PoolShape& shape, at::ScalarType dtype, at::Device device);
+
+  void check_request(const std::vector<std::pair<int64_t, int64_t>>& request) const { ledger_.check(request); }
+  // Account one request and give each user pages for all its tokens (cached ones first).
+  std::vector<UserPages> begin(const std::vector<std::pair<int64_t, int64_t>>& request);
+  // After the request: release the pages of its users the ledger did not keep.
+  void finish(const std::vector<std::pair<int64_t, int64_t>>& request);
+  void forget(int64_t key);
+  void clear();
+  // The users' pages as the rows of one int64 table [users, widest] (short rows padded with page 0).
+  at::Tensor page_table(const std::vector<UserPages>& users) const;
+  // The control model's figures, by name (upper case, as CONTROL_OUTPUTS).
+  std::map<std::string, int64_t> stats() const;
+
+  at::Tensor pool_k, pool_v;  // [layers, slots, heads, head_dim]
+  int64_t page_tokens() const { return shape_.page_tokens; }
+
+ private:
+  int64_t allocated_pages() const { return pool_k.size(1) / shape_.page_tokens; }
+  int64_t page_bytes() const;
+  void grow(int64_t to_pages);
+  void reserve(int64_t needed);
+  void release(int64_t key);
+
+  PoolShape shape_;
+  CacheLedger ledger_;
+  int64_t num_pages_;  // the most the pool ever takes
+  std::unordered_map<int64_t, std::vector<int64_t>> pages_;
+  std::vector<int64_t> free_;  // a stack of allocated free pages: low pages on top
+  Counters counters_;
+};
+
+}  // namespace hstu
