@@ -15,27 +15,21 @@ tier is not built in C++: `--host-budget-tokens` is refused with this frontend.
 from __future__ import annotations
 
 import shutil
-import signal
-import sys
-import tempfile
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from hstu_replay.cpp_replay.replay import ROOT, build_cmake
-from hstu_replay.errors import ConfigError, ServerError
+from hstu_replay.errors import ConfigError
 from hstu_replay.interface import CONTROL_MODEL, KVCACHE, INTERFACES
-from hstu_replay.process import StartFailed, model_ready
+from hstu_replay.process import Child, model_ready
 from hstu_replay.server.host_tier import NO_HOST_STATS
 from hstu_replay.server.model_config import ModelConfig
-from hstu_replay.server.phases import phases_every
-from hstu_replay.server.python_backend import ModelEntry, model_entries, stop_tritonserver, tritonserver
+from hstu_replay.server.python_backend import ModelEntry, model_entries, serve_workspace, tritonserver
 from hstu_replay.server.repository import PACKAGE_NAME
-from hstu_replay.server.serve import CONTROL_OUTPUTS, ServeOptions, check_ports_free, run_until_stopped
-from hstu_replay.server.tls_proxy import TlsForwarder
+from hstu_replay.server.serve import CONTROL_OUTPUTS, ServeOptions
 
 BACKEND_NAME = "hstu"  # Triton finds it as <backends>/hstu/libtriton_hstu.so
 LIBRARY_NAME = f"libtriton_{BACKEND_NAME}.so"
@@ -151,42 +145,13 @@ def serve_cpp(settings: CppBackendSettings, options: ServeOptions, library: Path
     from hstu_replay.server.serve import start_cache_metrics
     from pytriton.utils.distribution import get_libs_path, get_root_module_path
 
-    check_ports_free(options)
-    phases_every()
-    stop = stop or threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    workspace = Path(tempfile.mkdtemp(prefix="hstu-serve-"))
-    started = time.monotonic()
-    https = metrics = server = None
-    try:
+    def setup(workspace: Path, stopped) -> Child:
         install_backend(library, workspace / "backends")
         write_repository(workspace / "models", settings)
         ready = model_ready(options.http_port, [entry.name for entry in model_entries()], options.http_host)
         binary = get_root_module_path() / "tritonserver" / "bin" / "tritonserver"
-        server = tritonserver(binary, workspace / "backends", workspace / "models", options, Path(get_libs_path()),
-                              ready=lambda: stop.is_set() or ready())
-        server.start()
-        if options.https_port:
-            https = TlsForwarder(options.host, options.https_port, (options.http_host, options.http_port),
-                                 options.tls)
-        server.wait_ready()
-        if stop.is_set():
-            return
-        metrics = start_cache_metrics(ControlModelStats(options), options)
-        print(f"hstu-replay: {options.describe()}; C++ backend models ({LIBRARY_NAME}) "
-              f"(ready in {time.monotonic() - started:.1f} s)", flush=True)
-        run_until_stopped(lambda: server.running, stop)
-    except StartFailed as exc:
-        raise ServerError(str(exc)) from None
-    except OSError as exc:
-        raise ServerError(f"tritonserver failed to start: {exc}") from None
-    finally:
-        if metrics is not None:
-            metrics.shutdown()
-        if https is not None:
-            https.close()
-        if server is not None:
-            stop_tritonserver(server)
-        shutil.rmtree(workspace, ignore_errors=True)
-        print("hstu-replay: server stopped", file=sys.stderr, flush=True)
+        return tritonserver(binary, workspace / "backends", workspace / "models", options, Path(get_libs_path()),
+                            ready=lambda: stopped() or ready())
+
+    serve_workspace(options, stop, f"C++ backend models ({LIBRARY_NAME})", setup,
+                    on_ready=lambda: start_cache_metrics(ControlModelStats(options), options))

@@ -199,8 +199,14 @@ def stop_tritonserver(server: Child) -> None:
         print(f"hstu-replay: tritonserver left {', '.join(teardown.left)} behind", file=sys.stderr, flush=True)
 
 
-def serve_native(base: BackendSettings, options: ServeOptions, stop: threading.Event | None = None) -> None:
-    """Run tritonserver on a Python-backend repository until SIGINT/SIGTERM (or `stop`); clean shutdown."""
+def serve_workspace(options: ServeOptions, stop: threading.Event | None, what: str,
+                    setup: Callable[[Path, Callable[[], bool]], Child],
+                    on_ready: Callable[[], object] = lambda: None) -> None:
+    """Serve from a tritonserver of our own until SIGINT/SIGTERM (or `stop`), then shut down
+    cleanly: `setup(workspace, stopped)` writes the repository into a fresh workspace and returns
+    the tritonserver `Child` (`stopped` ends its readiness wait early); `on_ready` may start
+    something once it serves (its result's `shutdown()` is called at the end); `what` names the
+    models in the ready line."""
     check_ports_free(options)
     phases_every()  # a bad HSTU_REPLAY_BACKEND_PHASES is refused here, before any model loads
     stop = stop or threading.Event()
@@ -208,17 +214,9 @@ def serve_native(base: BackendSettings, options: ServeOptions, stop: threading.E
         signal.signal(sig, lambda *_: stop.set())
     workspace = Path(tempfile.mkdtemp(prefix="hstu-serve-"))
     started = time.monotonic()
-    https = None
-    server = None
+    https = extra = server = None
     try:
-        binary, backends, libs = prepare_backend(workspace)
-        base = BackendSettings(**{**asdict(base), "host": options.host,
-                                  "cache_metrics_port": options.cache_metrics_port,
-                                  "control_socket": str(workspace / SOCKET_NAME)})
-        write_repository(workspace / "models", base)
-        ready = model_ready(options.http_port, [entry.name for entry in model_entries()], options.http_host)
-        server = tritonserver(binary, backends, workspace / "models", options, libs,
-                              ready=lambda: stop.is_set() or ready())
+        server = setup(workspace, stop.is_set)
         server.start()
         if options.https_port:
             https = TlsForwarder(options.host, options.https_port, (options.http_host, options.http_port),
@@ -226,17 +224,34 @@ def serve_native(base: BackendSettings, options: ServeOptions, stop: threading.E
         server.wait_ready()
         if stop.is_set():
             return
-        print(f"hstu-replay: {options.describe()}; Python-backend models, no proxy "
-              f"(ready in {time.monotonic() - started:.1f} s)", flush=True)
+        extra = on_ready()
+        print(f"hstu-replay: {options.describe()}; {what} (ready in {time.monotonic() - started:.1f} s)", flush=True)
         run_until_stopped(lambda: server.running, stop)
     except StartFailed as exc:
         raise ServerError(str(exc)) from None
     except OSError as exc:
         raise ServerError(f"tritonserver failed to start: {exc}") from None
     finally:
+        if extra is not None:
+            extra.shutdown()
         if https is not None:
             https.close()
         if server is not None:
             stop_tritonserver(server)
         shutil.rmtree(workspace, ignore_errors=True)
         print("hstu-replay: server stopped", file=sys.stderr, flush=True)
+
+
+def serve_native(base: BackendSettings, options: ServeOptions, stop: threading.Event | None = None) -> None:
+    """Run tritonserver on a Python-backend repository until SIGINT/SIGTERM (or `stop`); clean shutdown."""
+
+    def setup(workspace: Path, stopped: Callable[[], bool]) -> Child:
+        binary, backends, libs = prepare_backend(workspace)
+        settings = BackendSettings(**{**asdict(base), "host": options.host,
+                                      "cache_metrics_port": options.cache_metrics_port,
+                                      "control_socket": str(workspace / SOCKET_NAME)})
+        write_repository(workspace / "models", settings)
+        ready = model_ready(options.http_port, [entry.name for entry in model_entries()], options.http_host)
+        return tritonserver(binary, backends, workspace / "models", options, libs, ready=lambda: stopped() or ready())
+
+    serve_workspace(options, stop, "Python-backend models, no proxy", setup)

@@ -84,7 +84,6 @@ def test_one_address_is_the_single_server_run(tmp_path):
 import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
-import time  # noqa: E402
 
 import pytest  # noqa: E402
 
