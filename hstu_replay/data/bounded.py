@@ -50,8 +50,8 @@ from hstu_replay.data.store import (
 )
 from hstu_replay.errors import OutputError, RawDataError
 
-#: CSV bytes parsed per block; about 450k rows of a KuaiRand log.
-BLOCK_BYTES = 32 << 20
+#: CSV bytes parsed at a time; about 900k rows of a KuaiRand log.
+BLOCK_BYTES = 64 << 20
 #: User ranges (spill files) at most; fewer when there are fewer users.
 SPILL_FILES = 256
 
@@ -228,30 +228,32 @@ def _build(files: RawFiles, context: UserContext, work: Path, group_events: int,
     return meta
 
 
-def _blocks(path: Path) -> Iterator[pa.RecordBatch]:
-    """The columns `prepare` uses, block by block; a bad row -> one line naming it."""
+def _blocks(path: Path) -> Iterator[pa.Table]:
+    """The columns `prepare` uses, piece by piece (BLOCK_BYTES of whole lines, each parsed by
+    pyarrow's multithreaded reader); a bad row -> one line naming it."""
     convert = pacsv.ConvertOptions(column_types=LOG_TYPES, include_columns=list(LOG_TYPES))
-    line, reader = 2, None
-    while True:
-        try:
-            if reader is None:  # opening parses the first block already
-                reader = pacsv.open_csv(path, pacsv.ReadOptions(block_size=BLOCK_BYTES),
-                                        convert_options=convert)
-            batch = reader.read_next_batch()
-        except StopIteration:
-            return
-        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
-            raise _bad_row(path, line, exc) from None
-        for name in LOG_TYPES:
-            column = batch.column(name)
-            if column.null_count:
-                row = int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
-                raise RawDataError(
-                    f"{path}: line {line + row}, column {schema.LOG_COLUMNS.index(name) + 1} "
-                    f"({name}): empty value (expected {EXPECTED[str(LOG_TYPES[name])]})"
-                )
-        yield batch
-        line += batch.num_rows
+    options = pacsv.ReadOptions(column_names=list(schema.LOG_COLUMNS))
+    line = 2
+    with open(path, "rb") as f:
+        f.readline()  # the header, checked before
+        while data := f.read(BLOCK_BYTES):
+            if not data.endswith(b"\n"):
+                data += f.readline()
+            try:
+                table = pacsv.read_csv(pa.py_buffer(data), options, convert_options=convert)
+            except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+                raise _bad_row(path, line, exc) from None
+            del data
+            for name in LOG_TYPES:
+                column = table.column(name)
+                if column.null_count:
+                    row = int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
+                    raise RawDataError(
+                        f"{path}: line {line + row}, column {schema.LOG_COLUMNS.index(name) + 1} "
+                        f"({name}): empty value (expected {EXPECTED[str(LOG_TYPES[name])]})"
+                    )
+            yield table
+            line += table.num_rows
 
 
 def _bad_row(path: Path, line: int, exc: Exception) -> RawDataError:
@@ -281,7 +283,7 @@ def _bad_row(path: Path, line: int, exc: Exception) -> RawDataError:
     return RawDataError(f"{path}: after line {line}: {message}")
 
 
-def _spill(batch: pa.RecordBatch, period: int | None, slots: _Slots,
+def _spill(batch: pa.Table, period: int | None, slots: _Slots,
            range_of_slot: np.ndarray, sinks: list, tally: _Tally) -> None:
     users = batch.column("user_id").to_numpy()
     if users.size == 0:

@@ -330,6 +330,11 @@ class SequenceStore:
     def context(self) -> np.ndarray:
         return self._context
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the store's array files on disk."""
+        return sum((self.path / f"{name}.npy").stat().st_size for name in ARRAYS)
+
     def __len__(self) -> int:
         return self.meta.users
 
