@@ -71,26 +71,21 @@ class Trace:
 
 
 def build_trace(store, candidates: int, limits: Limits, batch_size: int,
-                policy: HistoryPolicy = HistoryPolicy()) -> Trace:
-    """Every visit with some history before it, of every user of `store`, in time order.
+                policy: HistoryPolicy = HistoryPolicy(), users: np.ndarray | None = None) -> Trace:
+    """Every visit with some history before it, of every user of `store` (or of the store
+    indexes `users`: a shard's, so that its trace costs its share of memory), in time order.
     Histories are capped at the longest that lets `batch_size` users fit `limits.max_values`;
     `policy` says what a visit past that cap sends."""
     cap = limits.history_cap(batch_size, candidates)
     columns: list[list[np.ndarray]] = [[] for _ in range(8)]  # users, times, starts, ends, first, history, kind, epoch
-    offsets = np.asarray(store.offsets, dtype=np.int64)
-    all_times = store.times_ms
-    for u in range(len(store)):
-        t = np.asarray(all_times[offsets[u]:offsets[u + 1]])
-        s = visit_starts(t)  # first visit (starting at 0) has no history: left out
-        if len(s) == 0:
-            continue
-        for column, values in zip(columns, (np.full(len(s), u, dtype=np.int64), t[s], s, np.append(s[1:], len(t)),
-                                            *policy.plan_user(s, cap))):
-            column.append(np.asarray(values, dtype=np.int64))
+    for u, visits in _user_visits(store, cap, policy, users):
+        for column, values in zip(columns, visits):
+            column.append(values)
     if not columns[0]:
         empty = np.zeros(0, dtype=np.int64)
         return Trace(*(empty for _ in range(8)), history_cap=cap, policy=policy)
     users, times, starts, ends, first, history, kind, epoch = (np.concatenate(c) for c in columns)
+    del columns
     order = np.lexsort((starts, users, times))  # time, then user, then visit
     users, times, starts, ends, first, history, kind, epoch = (
         a[order] for a in (users, times, starts, ends, first, history, kind, epoch))
@@ -99,6 +94,38 @@ def build_trace(store, candidates: int, limits: Limits, batch_size: int,
                  history=history[sent], candidates=np.minimum(ends - starts, candidates)[sent], kind=kind[sent],
                  epoch=epoch[sent], history_cap=cap, policy=policy, skipped_users=users[~sent],
                  skipped_times_ms=times[~sent])
+
+
+def first_visit_ms(store, candidates: int, limits: Limits, batch_size: int,
+                   policy: HistoryPolicy = HistoryPolicy()) -> int | None:
+    """The time of the whole store's first replayed visit (`build_trace(store, ...).times_ms[0]`),
+    without holding the trace: the clock every shard of a replay starts from."""
+    cap, first = limits.history_cap(batch_size, candidates), None
+    skipped = KINDS.index("skipped")
+    for _, (_, times, *_, kind, _) in _user_visits(store, cap, policy, None):
+        sent = times[kind != skipped]
+        if len(sent) and (first is None or sent[0] < first):
+            first = int(sent[0])
+    return first
+
+
+def shard_users(users: int, index: int, count: int, stride: int = 1) -> np.ndarray:
+    """The store indexes of shard `index` of `count` (see `shard_trace`), of `users` users."""
+    every = np.arange(users, dtype=np.int64)
+    return every if count <= 1 else every[(every // stride) % count == index]
+
+
+def _user_visits(store, cap: int, policy: HistoryPolicy, users: np.ndarray | None):
+    """(store index, its visit columns) of each user with a visit after its first."""
+    offsets = np.asarray(store.offsets, dtype=np.int64)
+    all_times = store.times_ms
+    for u in range(len(store)) if users is None else (int(u) for u in users):
+        t = np.asarray(all_times[offsets[u]:offsets[u + 1]])
+        s = visit_starts(t)  # first visit (starting at 0) has no history: left out
+        if len(s) == 0:
+            continue
+        yield u, tuple(np.asarray(values, dtype=np.int64) for values in (
+            np.full(len(s), u, dtype=np.int64), t[s], s, np.append(s[1:], len(t)), *policy.plan_user(s, cap)))
 
 
 def group_requests(trace: Trace, slice_ms: int, batch_size: int) -> np.ndarray:

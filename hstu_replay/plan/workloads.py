@@ -169,7 +169,9 @@ class TimelineWorkload:
         self.timeline = None
 
     def check(self, batch_sizes: tuple[int, ...]) -> None:
-        from hstu_replay.plan.timeline import Timeline, build_trace, group_requests, shard_trace
+        import numpy as np
+
+        from hstu_replay.plan.timeline import Timeline, build_trace, first_visit_ms, group_requests, shard_users
 
         o = self.options
         if len(batch_sizes) != 1:
@@ -178,14 +180,16 @@ class TimelineWorkload:
         if self.history_cap(batch) < 1:
             raise ConfigError(f"--max-values {o.limits.max_values}: no room for any history at batch {batch} "
                               f"with --candidates {o.candidates}")
-        whole = build_trace(self.store, o.candidates, o.limits, batch, o.policy)
-        trace = shard_trace(shard_trace(whole, *o.shard), o.worker_index, o.worker_count, stride=o.shard[1])
+        # only this shard's and worker's users are read: the trace costs their share of the log
+        mine = shard_users(len(self.store), *o.shard)
+        mine = mine[np.isin(mine, shard_users(len(self.store), o.worker_index, o.worker_count, stride=o.shard[1]))]
+        trace = build_trace(self.store, o.candidates, o.limits, batch, o.policy, users=mine)
         if not len(trace):
             raise ConfigError(f"--store {o.path}: no user (of this shard and worker) comes back after a gap of 60 s: "
                               "nothing to replay")
         self.timeline = Timeline(self.store, trace, group_requests(trace, o.slice_ms, batch), o.candidates,
                                  o.limits, o.time_scale, o.request_rate,
-                                 start_ms=int(whole.times_ms[0]) if len(whole) else None)
+                                 start_ms=first_visit_ms(self.store, o.candidates, o.limits, batch, o.policy))
 
     def history_cap(self, batch_size: int) -> int:
         return self.options.limits.history_cap(batch_size, self.options.candidates)
