@@ -206,6 +206,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--memory-gb", type=float, default=DEFAULT_MEMORY_GB,
                         help="ours' --memory-gb and DuckDB's memory_limit")
+    parser.add_argument("--duckdb-memory-gb", type=float,
+                        help="DuckDB's memory_limit when not --memory-gb (its own default is 80%% of RAM)")
     parser.add_argument("--kinds", default="read,ours,in-memory,duckdb",
                         help=f"comma-separated, of {', '.join(KINDS)} (pandas: 1K size at most, it holds "
                              "Python lists of every event)")
@@ -239,13 +241,19 @@ def main() -> int:
         raise SystemExit(f"unknown --kinds {', '.join(unknown)}")
     if files.release.name != schema.DEFAULT_RELEASE:
         kinds = [k for k in kinds if k not in ("in-memory", "pandas")]  # they read the 1K names only
-    results, outputs = {}, {}
+    results, outputs, failures = {}, {}, {}
     for kind in kinds:
         output = KINDS[kind][1]
         out = args.work / (f"{kind}-store" if output == "store" else f"{kind}.parquet")
         command = [sys.executable, "-m", "bench.prepare_bench", "--worker", kind, "--raw", str(raw),
                    "--out", str(out), "--memory-gb", str(args.memory_gb)]
-        results[kind] = measured_child(command, args.work / f"{kind}.log")
+        if kind == "duckdb" and args.duckdb_memory_gb is not None:
+            command[-1] = str(args.duckdb_memory_gb)
+        try:
+            results[kind] = measured_child(command, args.work / f"{kind}.log")
+        except SystemExit as failed:  # one implementation failing (DuckDB out of memory) is a figure too
+            failures[kind] = str(failed)
+            continue
         if kind == "read":
             rows = results[kind]["rows"]
         if output:
@@ -257,6 +265,8 @@ def main() -> int:
     print(f"`{this_command()}`" + (f" ({rows:,} standard-log rows)" if "read" in results else ""))
     print()
     print(table(["implementation", "seconds", "x read", "peak RSS MB", "what"], rows_out))
+    for kind, failure in failures.items():
+        print(f"\n{kind} FAILED: {failure}")
     if "ours" in results and "duckdb" in results:
         print(f"\nDuckDB / ours: {results['duckdb']['seconds'] / results['ours']['seconds']:.2f}x the time, "
               f"{results['duckdb']['peak_rss_mb'] / results['ours']['peak_rss_mb']:.2f}x the peak RSS")

@@ -333,7 +333,10 @@ def _sort_groups(spills: list[Path], range_of_slot: np.ndarray, tally: _Tally, k
                 total += per_range[stop]
                 stop += 1
             records = np.concatenate([np.fromfile(p, RECORD) for p in spills[start:stop]])
-            records = records[keep[records["slot"]]]
+            kept = keep[records["slot"]]
+            if not kept.all():
+                records = records[kept]
+            del kept
             if records.size:
                 first = int(records["slot"].min())
                 local = records["slot"] - first
