@@ -40,6 +40,7 @@ from hstu_replay.data.prepare import EXPECTED, LOG_TYPES, UserContext, check_las
 from hstu_replay.data.store import (
     ARRAYS,
     FORMAT_VERSION,
+    META_FILE,
     DroppedUsers,
     SourceFile,
     StoreMeta,
@@ -178,7 +179,7 @@ def _build(files: RawFiles, context: UserContext, work: Path, group_events: int,
     tally = _Tally(np.zeros((2, users), bool), np.zeros(users, np.int64),
                    [np.zeros(0, np.int64), np.zeros(0, np.int64)])
     slots = _Slots(featured)
-    with _ExitStackOfFiles(spills) as sinks:
+    with _Files(spills) as sinks:
         for period, path in files.logs:
             for batch in _blocks(path):
                 _spill(batch, period, slots, range_of_slot, sinks, tally)
@@ -203,10 +204,10 @@ def _build(files: RawFiles, context: UserContext, work: Path, group_events: int,
         "offsets": offsets,
         "context": context.codes[by_id][kept],
     }
-    for name, array in small.items():
-        with _writing(work / f"{name}.npy") as f:
-            write_npy_header(f, ARRAYS[name][0], array.shape)
-            f.write(np.ascontiguousarray(array, ARRAYS[name][0]).data)
+    with _Files([work / f"{name}.npy" for name in small]) as sinks:
+        for sink, (name, array) in zip(sinks, small.items()):
+            write_npy_header(sink, ARRAYS[name][0], array.shape)
+            sink.write(np.ascontiguousarray(array, ARRAYS[name][0]).data)
     keep = np.zeros(users, bool)
     keep[kept] = True
     written = _sort_groups(spills, range_of_slot, tally, keep, group_events, work, events)
@@ -223,7 +224,7 @@ def _build(files: RawFiles, context: UserContext, work: Path, group_events: int,
         checksum=file_checksum(work),
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     )
-    with _writing(work / "meta.json"):
+    with _disk_errors(work / META_FILE):
         write_meta(work, meta)
     return meta
 
@@ -323,7 +324,7 @@ def _sort_groups(spills: list[Path], range_of_slot: np.ndarray, tally: _Tally, k
     outputs = {"video_ids": "video", "actions": "action", "times_ms": "time"}
     paths = {name: work / f"{name}.npy" for name in outputs}
     written = 0
-    with _ExitStackOfFiles(list(paths.values())) as sinks:
+    with _Files(list(paths.values())) as sinks:
         for sink, name in zip(sinks, outputs):
             write_npy_header(sink, ARRAYS[name][0], (events,))
         start = 0
@@ -357,7 +358,7 @@ def _sort_groups(spills: list[Path], range_of_slot: np.ndarray, tally: _Tally, k
     return written
 
 
-class _ExitStackOfFiles:
+class _Files:
     """Binary files opened for writing together; a full disk -> one OutputError naming the file."""
 
     def __init__(self, paths: list[Path]):
@@ -404,16 +405,6 @@ def _disk_errors(path: Path):
             raise OutputError(f"{path}: {os.strerror(exc.errno).lower()} while writing the store "
                               f"(nothing was published)") from None
         raise
-
-
-@contextmanager
-def _writing(path: Path):
-    with _disk_errors(path):
-        if path.name.endswith(".npy"):
-            with open(path, "wb") as f:
-                yield f
-        else:
-            yield None
 
 
 def _publish(work: Path, out: Path) -> None:
