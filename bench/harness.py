@@ -332,6 +332,21 @@ def synthetic_store(directory: Path, users: int = 1000, scale: float = 0.4, seed
     return directory
 
 
+def measured_child(command: Sequence[str], log: Path, timeout_s: float = 7200.0) -> dict:
+    """Run a worker child to its end; the JSON object it printed last (its own time and peak RSS).
+    A failure or a time-out ends the benchmark with the child's last log line."""
+    child = Child(command, log, name=shlex.join(command[2:5]), cwd=ROOT)
+    child.start()
+    try:
+        if not child.wait(timeout_s):
+            raise SystemExit(f"{child.name}: still running after {timeout_s:.0f} s")
+    finally:
+        child.stop()
+    if child.exited() != "exit 0":
+        raise SystemExit(child.failure())
+    return json.loads(log.read_text().strip().splitlines()[-1])
+
+
 def report_bin(report_dir: Path) -> dict:
     """The one measured stage of a Locust run's report."""
     with (report_dir / "report.json").open() as f:

@@ -27,6 +27,18 @@ class InputError(HstuReplayError):
     """A data file (CSV, store, dump) that is malformed, truncated, hostile or missing."""
 
 
+class RawDataError(InputError):
+    """A raw log or feature file `data prepare` cannot use (missing, cut off, reordered, malformed)."""
+
+    exit_code = 2
+
+
+class OutputError(HstuReplayError):
+    """An output that could not be written (a full disk): nothing half-written is published."""
+
+    exit_code = 2
+
+
 class LimitError(HstuReplayError):
     """A request outside the model's published limits; it is refused before it is sent."""
 

@@ -11,6 +11,8 @@ import sys
 import time
 
 from hstu_replay.arguments import Option
+from hstu_replay.data.limits import DEFAULT_MEMORY_GB
+from hstu_replay.data.schema import DEFAULT_RELEASE, RELEASES
 from hstu_replay.errors import ConfigError
 
 STORED = Option("store", "prepared store", metavar="STORE")
@@ -21,22 +23,27 @@ def add_commands(groups) -> None:
                              epilog="example: hstu-replay data prepare runs/raw --out runs/store")
     actions = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
 
-    synth = actions.add_parser("synth", help="write synthetic raw files of the KuaiRand-1K schema",
+    synth = actions.add_parser("synth", help="write synthetic raw files of a KuaiRand release's schema and names",
                                epilog="example: hstu-replay data synth --out runs/raw --users 200 --seed 1")
-    Option("--out", "folder for the 4 CSVs", metavar="RAW_DIR").add_to(synth, required=True)
+    Option("--out", "folder for the CSVs", metavar="RAW_DIR").add_to(synth, required=True)
+    Option("--release", "whose file names and layout to write (27k: each standard log in part files)",
+           DEFAULT_RELEASE, choices=tuple(RELEASES)).add_to(synth)
     Option("--users", "number of users", type=int).add_to(synth)
     Option("--seed", "random seed", 0, int).add_to(synth)
     Option("--scale", "events per user relative to the real ~11.7k (default 1.0)", type=float).add_to(synth)
-    Option("--full", "the real size: 1,000 users, ~11.7M standard events, ~4.4M videos (~0.9 GB)", type=bool
-           ).add_to(synth)
+    Option("--full", "the release's published size (1k: 1,000 users, ~11.7M standard events, ~0.9 GB; "
+           "27k: 27,285 users, ~322M, ~24 GB)", type=bool).add_to(synth)
     synth.set_defaults(func=_synth)
 
     prepare = actions.add_parser("prepare", help="build the sequence store from raw files",
                                  epilog="example: hstu-replay data prepare runs/raw --out runs/store")
-    Option("raw_dir", "folder holding the KuaiRand-1K CSVs", metavar="RAW_DIR").add_to(prepare)
+    Option("raw_dir", "folder holding one KuaiRand release's CSVs (1K, 27K with its part files, or Pure)",
+           metavar="RAW_DIR").add_to(prepare)
     Option("--out", "store directory", metavar="STORE").add_to(prepare, required=True)
     Option("--include-random", "also append the random-exposure log's events (NVIDIA's pipeline does not)",
            type=bool).add_to(prepare)
+    Option("--memory-gb", "peak memory of the preparation, whatever the log size (events wait on disk "
+           "beside the store)", DEFAULT_MEMORY_GB, float).add_to(prepare)
     prepare.set_defaults(func=_prepare)
 
     inspect = actions.add_parser("inspect", help="summarize a store",
@@ -52,12 +59,12 @@ def add_commands(groups) -> None:
 
 
 def _synth(args: argparse.Namespace) -> int:
-    from hstu_replay.data.synth import FULL_USERS, synthesize
+    from hstu_replay.data.synth import full_size, synthesize
 
     if args.full:
         if args.users is not None or args.scale is not None:
-            raise ConfigError("--full fixes --users 1000 and --scale 1.0; give one or the other")
-        users, scale = FULL_USERS, 1.0
+            raise ConfigError("--full fixes --users and --scale to the release's size; give one or the other")
+        users, scale = full_size(RELEASES[args.release])
     else:
         if args.users is None:
             raise ConfigError("give --users N (or --full)")
@@ -69,16 +76,17 @@ def _synth(args: argparse.Namespace) -> int:
     if args.seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {args.seed}")
     start = time.perf_counter()
-    report = synthesize(args.out, users, args.seed, scale)
+    report = synthesize(args.out, users, args.seed, scale, args.release)
     print(f"{report.line()} in {time.perf_counter() - start:.1f} s")
     return 0
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from hstu_replay.data.prepare import prepare
+    from hstu_replay.data.bounded import prepare_bounded
 
     start = time.perf_counter()
-    meta = prepare(args.raw_dir, args.out, include_random=args.include_random)
+    meta = prepare_bounded(args.raw_dir, args.out, include_random=args.include_random,
+                           memory_gb=args.memory_gb)
     print(
         f"prepared {args.out}: {meta.users:,} users, {meta.events:,} events "
         f"(dropped {meta.dropped.one_period_only} users in one period only, "

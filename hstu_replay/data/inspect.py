@@ -29,6 +29,7 @@ class StoreSummary:
     path: str
     users: int
     events: int
+    bytes: int  # the arrays' files on disk
     lengths: LengthStats
     action_rates: tuple[tuple[str, float], ...]  # share of events with each bit set
     dropped: DroppedUsers
@@ -57,6 +58,7 @@ def summarize(store: SequenceStore) -> StoreSummary:
         path=str(store.path),
         users=store.num_users,
         events=store.num_events,
+        bytes=store.nbytes,
         lengths=stats,
         action_rates=rates,
         dropped=store.meta.dropped,
@@ -71,6 +73,7 @@ def format_summary(s: StoreSummary) -> str:
         f"users     {s.users:,} (dropped: {s.dropped.one_period_only:,} in one period only, "
         f"{s.dropped.no_user_features:,} without user features)",
         f"events    {s.events:,}" + (" (standard + random logs)" if s.include_random else ""),
+        f"size      {s.bytes / 1e6:,.1f} MB of arrays ({s.bytes:,} bytes, memory-mapped when read)",
         f"history   min {s.lengths.min:,}  p50 {s.lengths.p50:,}  p90 {s.lengths.p90:,}  "
         f"max {s.lengths.max:,}",
         "actions   " + "  ".join(f"{name} {rate:.4f}" for name, rate in s.action_rates),

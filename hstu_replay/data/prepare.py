@@ -26,7 +26,7 @@ import pyarrow.csv as pacsv
 
 from hstu_replay.data import schema
 from hstu_replay.data.store import DroppedUsers, SourceFile, StoreMeta, write_store
-from hstu_replay.errors import InputError
+from hstu_replay.errors import RawDataError
 
 
 @dataclass(frozen=True)
@@ -67,13 +67,13 @@ def prepare(raw_dir: str | Path, out_dir: str | Path, include_random: bool = Fal
     """Read the raw KuaiRand-1K files in `raw_dir` and write a sequence store to `out_dir`."""
     raw = Path(raw_dir)
     if not raw.is_dir():
-        raise InputError(f"{raw}: not a directory (expected the KuaiRand-1K data folder)")
+        raise RawDataError(f"{raw}: not a directory (expected the KuaiRand-1K data folder)")
     names = [*schema.STANDARD_LOGS, *([schema.LOG_RANDOM] if include_random else [])]
     names.append(schema.USER_FEATURES)
     paths = [raw / name for name in names]
     for path in paths:
         if not path.is_file():
-            raise InputError(f"{path}: file not found (expected {', '.join(names)} in {raw})")
+            raise RawDataError(f"{path}: file not found (expected {', '.join(names)} in {raw})")
     period1, period2 = read_log(paths[0]), read_log(paths[1])
     extra = read_log(paths[2]) if include_random else None
     context = read_user_context(paths[-1])
@@ -95,7 +95,7 @@ def prepare(raw_dir: str | Path, out_dir: str | Path, include_random: bool = Fal
 
 def read_log(path: Path) -> LogEvents:
     """Parse one log file's user_id, video_id, time_ms and action flags."""
-    table = _read_table(path, schema.LOG_COLUMNS, _LOG_TYPES, integers_only=True)
+    table = _read_table(path, schema.LOG_COLUMNS, LOG_TYPES, integers_only=True)
     actions = np.zeros(table.num_rows, np.uint8)
     for name, weight in zip(schema.ACTION_COLUMNS, schema.ACTION_WEIGHTS):
         flag = table.column(name).to_numpy()
@@ -116,7 +116,7 @@ def read_user_context(path: Path) -> UserContext:
     repeated = np.flatnonzero(np.diff(user_ids[order]) == 0)
     if repeated.size:
         first, second = sorted(order[repeated[0] : repeated[0] + 2].tolist())
-        raise InputError(
+        raise RawDataError(
             f"{path}: line {second + 2}: user_id {user_ids[second]} repeats line {first + 2}"
         )
     codes = np.empty((len(user_ids), len(schema.CONTEXT_COLUMNS)), np.int64)
@@ -143,7 +143,7 @@ def build_sequences(
         no_user_features=int((~featured).sum()),
     )
     if kept.size == 0:
-        raise InputError(
+        raise RawDataError(
             "no user is in both standard logs and in user_features "
             f"({len(in1)} and {len(in2)} users in the logs, {len(context.user_ids)} featured)"
         )
@@ -225,7 +225,7 @@ def _sort_events(logs: list[LogEvents], picks, users: int):
 
 # --- reading the raw CSVs -------------------------------------------------------------------
 
-_LOG_TYPES: dict[str, pa.DataType] = {
+LOG_TYPES: dict[str, pa.DataType] = {
     "user_id": pa.int64(),
     "video_id": pa.int64(),
     "time_ms": pa.int64(),
@@ -235,7 +235,7 @@ _CONTEXT_TYPES: dict[str, pa.DataType] = {
     "user_id": pa.int64(),
     **{name: pa.string() for name in schema.CONTEXT_COLUMNS},
 }
-_EXPECTED = {"int64": "an integer", "int8": "a 0/1 flag", "string": "UTF-8 text"}
+EXPECTED = {"int64": "an integer", "int8": "a 0/1 flag", "string": "UTF-8 text"}
 _INTEGER = re.compile(rb"-?[0-9]+")
 _TAIL_BYTES = 1 << 16
 
@@ -243,16 +243,16 @@ _TAIL_BYTES = 1 << 16
 def _read_table(
     path: Path, expected: tuple[str, ...], types: dict[str, pa.DataType], integers_only: bool
 ) -> pa.Table:
-    """Parse the `types` columns of a published CSV; any defect -> one-line InputError.
+    """Parse the `types` columns of a published CSV; any defect -> one-line RawDataError.
 
     Every row's column count is checked by the parser; the columns not in `types` are not
     converted, so only the last line (where a truncated download shows) is checked for their
     integer form.
     """
-    header = _read_header(path)
+    header = read_header(path)
     missing = [name for name in expected if name not in header]
     if missing:
-        raise InputError(f"{path}: header lacks column(s) {', '.join(missing)}")
+        raise RawDataError(f"{path}: header lacks column(s) {', '.join(missing)}")
     convert = pacsv.ConvertOptions(column_types=types, include_columns=list(types))
     try:
         table = pacsv.read_csv(path, convert_options=convert)
@@ -262,28 +262,28 @@ def _read_table(
         column = table.column(name)
         if column.null_count:
             first = int(np.argmax(pc.is_null(column).to_numpy(zero_copy_only=False)))
-            raise InputError(
+            raise RawDataError(
                 f"{path}: line {first + 2}, column {header.index(name) + 1} ({name}): "
-                f"empty value (expected {_EXPECTED[str(types[name])]})"
+                f"empty value (expected {EXPECTED[str(types[name])]})"
             )
     if integers_only:
-        _check_last_line(path, header)
+        check_last_line(path, header)
     return table
 
 
-def _read_header(path: Path) -> list[str]:
+def read_header(path: Path) -> list[str]:
     with open(path, "rb") as f:
         line = f.readline(1 << 20)
     if not line.strip():
-        raise InputError(f"{path}: line 1: empty file (expected a header row)")
+        raise RawDataError(f"{path}: line 1: empty file (expected a header row)")
     try:
         text = line.decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise InputError(f"{path}: line 1: header is not UTF-8 text") from None
+        raise RawDataError(f"{path}: line 1: header is not UTF-8 text") from None
     return [name.strip() for name in next(csv.reader([text]))]
 
 
-def _locate(path: Path, header: list[str], convert, exc: Exception) -> InputError:
+def _locate(path: Path, header: list[str], convert, exc: Exception) -> RawDataError:
     """Turn a parse failure into 'file: line L, column C (name): problem'.
 
     pyarrow names the row only when it parses serially, so the failing file is parsed again
@@ -299,7 +299,7 @@ def _locate(path: Path, header: list[str], convert, exc: Exception) -> InputErro
     columns = re.search(r"Expected (\d+) columns, got (\d+)", message)
     if columns:
         expected, got = columns.groups()
-        return InputError(
+        return RawDataError(
             f"{path}: {where}: expected {expected} columns, got {got} (truncated or malformed row)"
         )
     conversion = re.search(
@@ -308,14 +308,14 @@ def _locate(path: Path, header: list[str], convert, exc: Exception) -> InputErro
     if conversion:
         index, kind, value = conversion.groups()
         name = header[int(index)] if int(index) < len(header) else "?"
-        return InputError(
+        return RawDataError(
             f"{path}: {where}, column {int(index) + 1} ({name}): invalid value "
-            f"{value[:40]!r} (expected {_EXPECTED.get(kind, kind)})"
+            f"{value[:40]!r} (expected {EXPECTED.get(kind, kind)})"
         )
-    return InputError(f"{path}: {where}: {message.splitlines()[0] if message else 'unreadable'}")
+    return RawDataError(f"{path}: {where}: {message.splitlines()[0] if message else 'unreadable'}")
 
 
-def _check_last_line(path: Path, header: list[str]) -> None:
+def check_last_line(path: Path, header: list[str]) -> None:
     """The last line holds one integer per column (a cut-off download fails here)."""
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -338,4 +338,4 @@ def _check_last_line(path: Path, header: list[str]) -> None:
         newlines = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 24), b""))
     line = newlines - tail[len(stripped) :].count(b"\n") + 1
     cut = "" if tail.endswith(b"\n") else " (no final newline: truncated file?)"
-    raise InputError(f"{path}: line {line}: {problem}{cut}")
+    raise RawDataError(f"{path}: line {line}: {problem}{cut}")

@@ -1,10 +1,14 @@
-"""KuaiRand-1K's raw layout: file names, column order and the contextual features' categories.
+"""KuaiRand's raw layouts: file names, column order and the contextual features' categories.
 
 Facts from the dataset's README (see shared/reference/kuairand-1k.md); the synthesizer writes
-exactly this and `prepare` checks real files against it.
+exactly this and `prepare` checks real files against it. The three releases (1K, 27K, Pure)
+share the columns; they differ in file names, and 27K splits each standard log into part files.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
 
 from hstu_replay.interface import ACTION_BITS, CONTEXT_KEYS
 
@@ -84,6 +88,56 @@ CONTEXT_CATEGORIES: dict[str, tuple[str, ...]] = {
         "15-30", "31-60", "61-90", "91-180", "181-365", "366-730", "730+",
     ),
 }
+
+
+
+@dataclass(frozen=True)
+class Release:
+    """One release's file names and published size.
+
+    `periods` are the stems of the two standard logs; with `parts` > 0 each is split into part
+    files `<stem>_part1.csv` .. `<stem>_partK.csv` (at least the published K, more if present,
+    numbered without gaps), else it is the one file `<stem>.csv`.
+    """
+
+    name: str
+    periods: tuple[str, str]
+    random_log: str
+    user_features: str
+    parts: int
+    users: int
+    standard_events: int
+
+    def period_files(self, raw: Path, period: int) -> list[Path]:
+        """The files of standard period `period` (0 or 1) in concatenation order (may not exist)."""
+        stem = self.periods[period]
+        if not self.parts:
+            return [raw / f"{stem}.csv"]
+        found = {int(p.stem.rsplit("_part", 1)[1]) for p in raw.glob(f"{stem}_part*.csv")
+                 if p.stem.rsplit("_part", 1)[1].isdigit()}
+        last = max([self.parts, *found])
+        return [raw / f"{stem}_part{k}.csv" for k in range(1, last + 1)]
+
+    def part_name(self, period: int, part: int) -> str:
+        """File name of part `part` (0-based) of standard period `period`."""
+        stem = self.periods[period]
+        return f"{stem}_part{part + 1}.csv" if self.parts else f"{stem}.csv"
+
+
+#: The published releases, by the name `data synth --release` and the store's meta use.
+RELEASES: dict[str, Release] = {
+    release.name: release
+    for release in (
+        Release("1k", (LOG_PERIOD1[:-4], LOG_PERIOD2[:-4]), LOG_RANDOM, USER_FEATURES, 0,
+                1_000, 11_713_045),
+        Release("27k", ("log_standard_4_08_to_4_21_27k", "log_standard_4_22_to_5_08_27k"),
+                "log_random_4_22_to_5_08_27k.csv", "user_features_27k.csv", 2, 27_285, 322_278_385),
+        Release("pure", ("log_standard_4_08_to_4_21_pure", "log_standard_4_22_to_5_08_pure"),
+                "log_random_4_22_to_5_08_pure.csv", "user_features_pure.csv", 0, 27_285, 1_436_609),
+    )
+}
+DEFAULT_RELEASE = "1k"
+
 
 assert tuple(CONTEXT_CATEGORIES) == CONTEXT_COLUMNS
 assert set(LOG_COLUMNS_USED) <= set(LOG_COLUMNS)

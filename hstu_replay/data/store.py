@@ -131,6 +131,53 @@ def checksum(arrays: dict[str, np.ndarray]) -> str:
     return "sha256:" + h.hexdigest()
 
 
+def file_checksum(root: Path) -> str:
+    """`checksum` of the arrays as written in `root`, read through a buffer, not a memory map
+    (so hashing a store larger than memory leaves nothing resident)."""
+    h = hashlib.sha256()
+    buffer = bytearray(_HASH_CHUNK)
+    for name in ARRAYS:
+        with open(root / f"{name}.npy", "rb") as f:
+            major, _ = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read(f)
+            if fortran:
+                raise InputError(f"{root / name}.npy: Fortran-ordered array")
+            h.update(f"{name}:{dtype.str}:{list(shape)}\n".encode())
+            view = memoryview(buffer)
+            while n := f.readinto(buffer):
+                h.update(view[:n])
+    return "sha256:" + h.hexdigest()
+
+
+def write_npy_header(f, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    """The header `np.save` writes for an array of `dtype` and `shape` (the data follows)."""
+    np.lib.format.write_array_header_1_0(
+        f, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    )
+
+
+def write_meta(root: Path, meta: StoreMeta) -> None:
+    """meta.json, written last: a directory without it is not a store."""
+    tmp = root / f"{META_FILE}.tmp"
+    tmp.write_text(json.dumps(meta.to_json(), indent=2) + "\n")
+    os.replace(tmp, root / META_FILE)
+
+
+def check_target(out: Path) -> None:
+    """`out` may be new, an empty directory or a store (to be replaced); anything else is refused."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out}: exists and is not a directory")
+    if not out.exists():
+        return
+    ours = {META_FILE, *(f"{name}.npy" for name in ARRAYS)}
+    foreign = [p.name for p in out.iterdir() if p.name not in ours and not p.name.endswith(".tmp")]
+    if foreign:
+        raise ConfigError(
+            f"{out}: not empty and not a sequence store (holds {foreign[0]}); choose another --out"
+        )
+
+
 def write_store(
     out_dir: str | Path,
     *,
@@ -179,23 +226,14 @@ def write_store(
         with open(tmp, "wb") as f:
             np.save(f, array, allow_pickle=False)
         os.replace(tmp, out / f"{name}.npy")
-    tmp = out / f"{META_FILE}.tmp"
-    tmp.write_text(json.dumps(meta.to_json(), indent=2) + "\n")
-    os.replace(tmp, out / META_FILE)
+    write_meta(out, meta)
     return meta
 
 
 def _claim(out: Path) -> None:
     """Make `out` ready for a new store: create it, or unpublish the store it holds."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"{out}: exists and is not a directory")
+    check_target(out)
     out.mkdir(parents=True, exist_ok=True)
-    ours = {META_FILE, *(f"{name}.npy" for name in ARRAYS)}
-    foreign = [p.name for p in out.iterdir() if p.name not in ours and not p.name.endswith(".tmp")]
-    if foreign:
-        raise ConfigError(
-            f"{out}: not empty and not a sequence store (holds {foreign[0]}); choose another --out"
-        )
     (out / META_FILE).unlink(missing_ok=True)
 
 
@@ -292,6 +330,11 @@ class SequenceStore:
     def context(self) -> np.ndarray:
         return self._context
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the store's array files on disk."""
+        return sum((self.path / f"{name}.npy").stat().st_size for name in ARRAYS)
+
     def __len__(self) -> int:
         return self.meta.users
 
@@ -321,7 +364,7 @@ class SequenceStore:
 
     def verify(self) -> None:
         """Reread every array against meta's checksum; InputError on any difference."""
-        actual = checksum(self._arrays)
+        actual = file_checksum(self.path)
         if actual != self.meta.checksum:
             raise InputError(
                 f"{self.path}: checksum mismatch (meta {self.meta.checksum[:19]}..., "

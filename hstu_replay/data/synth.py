@@ -25,8 +25,8 @@ import numpy as np
 from hstu_replay.data import schema
 
 #: Published size of KuaiRand-1K; `events_per_user_scale=1.0` reproduces its per-user volume.
-FULL_USERS = 1_000
-FULL_STANDARD_EVENTS = 11_713_045
+FULL_USERS = schema.RELEASES["1k"].users
+FULL_STANDARD_EVENTS = schema.RELEASES["1k"].standard_events
 FULL_RANDOM_EVENTS = 43_028
 FULL_VIDEO_SPACE = 7_583_634  # video ids of the 27K release the 1K users draw from
 USER_ID_SPACE = 27_285  # user ids of the 27K release
@@ -97,16 +97,26 @@ class _Users:
     random: np.ndarray
 
 
+def full_size(release: schema.Release) -> tuple[int, float]:
+    """(users, events_per_user_scale) of a release's published size."""
+    per_user = release.standard_events / release.users
+    return release.users, per_user / (FULL_STANDARD_EVENTS / FULL_USERS)
+
+
 def synthesize(
     out_dir: str | Path,
     users: int,
     seed: int,
     events_per_user_scale: float = 1.0,
+    release: str = schema.DEFAULT_RELEASE,
 ) -> SynthReport:
-    """Write the four raw files into `out_dir` (created; existing files replaced).
+    """Write a release's raw files into `out_dir` (created; existing files replaced).
 
     `events_per_user_scale` scales the published mean of ~11.7k standard events per user (and
-    the video id space with it); 1.0 with 1,000 users is the full-size dataset.
+    the video id space with it); 1.0 with 1,000 users is the full-size 1K dataset. A release with
+    part files gets each standard log split by rows into its published number of equal parts
+    (a user's rows may straddle two); only the names and that split differ between releases, the rows are the same.
+    Chunks of about a million events are drawn and written one at a time, so memory stays flat.
     """
     if users < 1:
         raise ValueError("users must be >= 1")
@@ -118,18 +128,20 @@ def synthesize(
     drawn = _draw_users(rng, users, events_per_user_scale)
     total = int(drawn.period1.sum() + drawn.period2.sum())
     video_space = max(1_000, round(FULL_VIDEO_SPACE * total / FULL_STANDARD_EVENTS))
-    _write_user_features(out / schema.USER_FEATURES, rng, drawn.ids)
+    layout = schema.RELEASES[release]
+    _write_user_features(out / layout.user_features, rng, drawn.ids)
 
+    parts = max(1, layout.parts)
     logs = [
-        (schema.LOG_PERIOD1, drawn.period1, PERIOD1, False),
-        (schema.LOG_PERIOD2, drawn.period2, PERIOD2, False),
-        (schema.LOG_RANDOM, drawn.random, PERIOD2, True),
+        ([layout.part_name(0, k) for k in range(parts)], drawn.period1, PERIOD1, False),
+        ([layout.part_name(1, k) for k in range(parts)], drawn.period2, PERIOD2, False),
+        ([layout.random_log], drawn.random, PERIOD2, True),
     ]
-    sinks = {name: _open_log(out / name) for name, *_ in logs}
+    sinks = {name: _open_log(out / name) for names, *_ in logs for name in names}
     try:
         per_user = drawn.period1 + drawn.period2 + drawn.random
         for chunk, users_in_chunk in enumerate(_chunks(per_user, CHUNK_EVENTS)):
-            for log_index, (name, counts, period, random_exposure) in enumerate(logs):
+            for log_index, (names, counts, period, random_exposure) in enumerate(logs):
                 chunk_rng = np.random.default_rng([seed, 1, chunk, log_index])
                 columns = _events(
                     chunk_rng,
@@ -139,12 +151,23 @@ def synthesize(
                     video_space,
                     random_exposure,
                 )
-                _write_rows(sinks[name], columns)
+                first = int(counts[: users_in_chunk[0]].sum())
+                for name, (lo, hi) in _parts(names, first, len(columns["user_id"]), int(counts.sum())):
+                    _write_rows(sinks[name], {k: v[lo:hi] for k, v in columns.items()})
     finally:
         for sink in sinks.values():
             sink.close()
-    sizes = {name: (out / name).stat().st_size for name in schema.RAW_FILES}
+    sizes = {name: (out / name).stat().st_size for name in [*sinks, layout.user_features]}
     return SynthReport(out, users, total, int(drawn.random.sum()), sizes)
+
+
+def _parts(names: list[str], first: int, rows: int, total: int):
+    """(part file, (lo, hi)) of a chunk's rows `first`.. of a log of `total` rows split evenly."""
+    for k, name in enumerate(names):
+        start, stop = total * k // len(names), total * (k + 1) // len(names)
+        lo, hi = max(start - first, 0), min(stop - first, rows)
+        if lo < hi:
+            yield name, (lo, hi)
 
 
 def _draw_users(rng: np.random.Generator, users: int, scale: float) -> _Users:

@@ -71,34 +71,100 @@ class Trace:
 
 
 def build_trace(store, candidates: int, limits: Limits, batch_size: int,
-                policy: HistoryPolicy = HistoryPolicy()) -> Trace:
-    """Every visit with some history before it, of every user of `store`, in time order.
+                policy: HistoryPolicy = HistoryPolicy(), users: np.ndarray | None = None) -> Trace:
+    """Every visit with some history before it, of every user of `store` (or of the store
+    indexes `users`: a shard's, so that its trace costs its share of memory), in time order.
     Histories are capped at the longest that lets `batch_size` users fit `limits.max_values`;
-    `policy` says what a visit past that cap sends."""
+    `policy` says what a visit past that cap sends. Of a skipped visit only its user and time
+    are kept, from the start: under NVIDIA's skip rule most visits of a long log are skipped."""
     cap = limits.history_cap(batch_size, candidates)
-    columns: list[list[np.ndarray]] = [[] for _ in range(8)]  # users, times, starts, ends, first, history, kind, epoch
-    offsets = np.asarray(store.offsets, dtype=np.int64)
-    all_times = store.times_ms
-    for u in range(len(store)):
-        t = np.asarray(all_times[offsets[u]:offsets[u + 1]])
-        s = visit_starts(t)  # first visit (starting at 0) has no history: left out
-        if len(s) == 0:
-            continue
-        for column, values in zip(columns, (np.full(len(s), u, dtype=np.int64), t[s], s, np.append(s[1:], len(t)),
-                                            *policy.plan_user(s, cap))):
-            column.append(np.asarray(values, dtype=np.int64))
+    skipped = KINDS.index("skipped")
+    sent_columns: list[list[np.ndarray]] = [[] for _ in range(8)]  # users, times, starts, ends, first, history, kind, epoch
+    skipped_columns: list[list[np.ndarray]] = [[] for _ in range(3)]  # users, times, starts
+    for _, visits in _user_visits(store, cap, policy, users):
+        sent = visits[6] != skipped
+        every = bool(sent.all())
+        for column, values in zip(sent_columns, visits):
+            column.append(values if every else values[sent])
+        if not every:
+            for column, values in zip(skipped_columns, visits[:3]):
+                column.append(values[~sent])
+    sent_users, times, starts, ends, first, history, kind, epoch = _in_send_order(sent_columns, 8)
+    skipped_users, skipped_times, _ = _in_send_order(skipped_columns, 3)
+    return Trace(users=sent_users, times_ms=times, starts=starts, first=first, history=history,
+                 candidates=np.minimum(ends - starts, candidates), kind=kind, epoch=epoch, history_cap=cap,
+                 policy=policy, skipped_users=skipped_users, skipped_times_ms=skipped_times)
+
+
+def _in_send_order(columns: list[list[np.ndarray]], width: int) -> list[np.ndarray]:
+    """Per-user pieces joined and ordered by time, then user, then visit (columns 1, 0, 2), one
+    column at a time so that only one extra column is ever held."""
     if not columns[0]:
-        empty = np.zeros(0, dtype=np.int64)
-        return Trace(*(empty for _ in range(8)), history_cap=cap, policy=policy)
-    users, times, starts, ends, first, history, kind, epoch = (np.concatenate(c) for c in columns)
-    order = np.lexsort((starts, users, times))  # time, then user, then visit
-    users, times, starts, ends, first, history, kind, epoch = (
-        a[order] for a in (users, times, starts, ends, first, history, kind, epoch))
-    sent = kind != KINDS.index("skipped")
-    return Trace(users=users[sent], times_ms=times[sent], starts=starts[sent], first=first[sent],
-                 history=history[sent], candidates=np.minimum(ends - starts, candidates)[sent], kind=kind[sent],
-                 epoch=epoch[sent], history_cap=cap, policy=policy, skipped_users=users[~sent],
-                 skipped_times_ms=times[~sent])
+        return [np.zeros(0, dtype=np.int64) for _ in range(width)]
+    joined = []
+    for pieces in columns:
+        joined.append(np.concatenate(pieces))
+        pieces.clear()
+    order = np.lexsort((joined[2], joined[0], joined[1]))
+    for i in range(width):
+        joined[i] = joined[i][order]
+    return joined
+
+
+def first_visit_ms(store, candidates: int, limits: Limits, batch_size: int,
+                   policy: HistoryPolicy = HistoryPolicy()) -> int | None:
+    """The time of the whole store's first replayed visit (`build_trace(store, ...).times_ms[0]`),
+    without holding the trace: the clock every shard of a replay starts from."""
+    cap, first = limits.history_cap(batch_size, candidates), None
+    skipped = KINDS.index("skipped")
+    for _, (_, times, *_, kind, _) in _user_visits(store, cap, policy, None):
+        sent = times[kind != skipped]
+        if len(sent) and (first is None or sent[0] < first):
+            first = int(sent[0])
+    return first
+
+
+def shard_users(users: int, index: int, count: int, stride: int = 1) -> np.ndarray:
+    """The store indexes of shard `index` of `count` (see `shard_trace`), of `users` users."""
+    every = np.arange(users, dtype=np.int64)
+    return every if count <= 1 else every[(every // stride) % count == index]
+
+
+def _user_visits(store, cap: int, policy: HistoryPolicy, users: np.ndarray | None):
+    """(store index, its visit columns) of each user with a visit after its first. The times are
+    read from the file, not through the memory map, so scanning every user leaves nothing resident."""
+    offsets = np.asarray(store.offsets, dtype=np.int64)
+    with _TimeReader(store.times_ms) as times_of:
+        for u in range(len(store)) if users is None else (int(u) for u in users):
+            t = times_of(int(offsets[u]), int(offsets[u + 1]))
+            s = visit_starts(t)  # first visit (starting at 0) has no history: left out
+            if len(s) == 0:
+                continue
+            yield u, tuple(np.asarray(values, dtype=np.int64) for values in (
+                np.full(len(s), u, dtype=np.int64), t[s], s, np.append(s[1:], len(t)), *policy.plan_user(s, cap)))
+
+
+class _TimeReader:
+    """times[lo:hi] of a store's times_ms, read with a plain file read when it is a memory map."""
+
+    def __init__(self, times: np.ndarray):
+        self.times, self.file = times, None
+        self.path, self.base = getattr(times, "filename", None), int(getattr(times, "offset", 0))
+
+    def __enter__(self):
+        if self.path is not None:
+            self.file = open(self.path, "rb")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.file is not None:
+            self.file.close()
+
+    def __call__(self, lo: int, hi: int) -> np.ndarray:
+        if self.file is None:
+            return np.asarray(self.times[lo:hi])
+        self.file.seek(self.base + lo * self.times.itemsize)
+        return np.fromfile(self.file, dtype=self.times.dtype, count=hi - lo)
 
 
 def group_requests(trace: Trace, slice_ms: int, batch_size: int, servers: np.ndarray | None = None) -> np.ndarray:

@@ -174,7 +174,9 @@ class TimelineWorkload:
         self.timeline = None
 
     def check(self, batch_sizes: tuple[int, ...]) -> None:
-        from hstu_replay.plan.timeline import Timeline, build_trace, by_server, group_requests, shard_trace
+        from hstu_replay.plan.timeline import (
+            Timeline, build_trace, by_server, first_visit_ms, group_requests, shard_users,
+        )
 
         o = self.options
         if len(batch_sizes) != 1:
@@ -183,8 +185,10 @@ class TimelineWorkload:
         if self.history_cap(batch) < 1:
             raise ConfigError(f"--max-values {o.limits.max_values}: no room for any history at batch {batch} "
                               f"with --candidates {o.candidates}")
-        whole = build_trace(self.store, o.candidates, o.limits, batch, o.policy)
-        trace = shard_trace(shard_trace(whole, *o.shard), o.worker_index, o.worker_count, stride=o.shard[1])
+        # only this shard's and worker's users are read: the trace costs their share of the log
+        mine = shard_users(len(self.store), *o.shard)
+        mine = mine[np.isin(mine, shard_users(len(self.store), o.worker_index, o.worker_count, stride=o.shard[1]))]
+        trace = build_trace(self.store, o.candidates, o.limits, batch, o.policy, users=mine)
         if not len(trace):
             raise ConfigError(f"--store {o.path}: no user (of this shard and worker) comes back after a gap of 60 s: "
                               "nothing to replay")
@@ -194,7 +198,8 @@ class TimelineWorkload:
             trace, visit_servers = by_server(trace, user_servers, o.slice_ms)
         self.timeline = Timeline(self.store, trace, group_requests(trace, o.slice_ms, batch, visit_servers),
                                  o.candidates, o.limits, o.time_scale, o.request_rate,
-                                 start_ms=int(whole.times_ms[0]) if len(whole) else None, user_servers=user_servers)
+                                 start_ms=first_visit_ms(self.store, o.candidates, o.limits, batch, o.policy),
+                                 user_servers=user_servers)
 
     def history_cap(self, batch_size: int) -> int:
         return self.options.limits.history_cap(batch_size, self.options.candidates)

@@ -28,6 +28,8 @@ def store(tmp_path) -> SequenceStore:
 def test_summary_numbers(store):
     s = summarize(store)
     assert (s.users, s.events) == (3, 5)
+    assert s.bytes == sum(f.stat().st_size for f in store.path.glob("*.npy"))
+    assert s.bytes == 6 * 128 + 8 * (3 + 4 + 5 + 5 + 15) + 5  # six 128-byte npy headers + the data
     assert (s.lengths.min, s.lengths.p50, s.lengths.max) == (0, 1, 4)
     rates = dict(s.action_rates)
     assert list(rates) == [
@@ -42,6 +44,7 @@ def test_summary_numbers(store):
     assert "users     3 (dropped: 3 in one period only" in text
     assert "min 0  p50 1  p90 4  max 4" in text
     assert "log_a.csv (1,234 bytes)" in text
+    assert f"size      0.0 MB of arrays ({s.bytes:,} bytes" in text
 
 
 def test_per_user_digest(store):

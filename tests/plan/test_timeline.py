@@ -260,3 +260,22 @@ def test_a_replayed_request_sends_what_the_store_holds_and_each_user_is_read_onc
             np.testing.assert_array_equal(u.history_actions, actions[first:first + n].astype(np.int64))
         source.settle(step, True)
     assert len(reads) == len(set(reads)) > 0  # once per user, not once per visit
+
+
+def test_a_shards_own_trace_is_its_share_of_the_whole(long_store):
+    """Building only a shard's users gives the visits the whole trace's shard holds, column for
+    column, and `first_visit_ms` the whole trace's first visit, without the whole trace."""
+    from hstu_replay.plan.timeline import first_visit_ms, shard_trace, shard_users
+
+    store = SequenceStore.open(long_store)
+    for policy in (HistoryPolicy(), OLDEST):
+        whole = build_trace(store, 16, Limits(max_history=256), 1, policy)
+        assert first_visit_ms(store, 16, Limits(max_history=256), 1, policy) == int(whole.times_ms[0])
+        for i, n, w, workers in ((0, 1, 0, 1), (1, 3, 0, 2), (2, 3, 1, 2), (5, 64, 0, 1)):
+            expected = shard_trace(shard_trace(whole, i, n), w, workers, stride=n)
+            mine = shard_users(len(store), i, n)
+            mine = mine[np.isin(mine, shard_users(len(store), w, workers, stride=n))]
+            own = build_trace(store, 16, Limits(max_history=256), 1, policy, users=mine)
+            for name in ("users", "times_ms", "starts", "first", "history", "candidates", "kind", "epoch",
+                         "skipped_users", "skipped_times_ms"):
+                assert np.array_equal(getattr(own, name), getattr(expected, name)), (i, n, w, name)
