@@ -29,6 +29,16 @@ def number(flag: str, text: str | None, low: float | None = None, high: float | 
     return int(value) if integral else value
 
 
+def split_args(flag: str, text: str) -> tuple[str, ...]:
+    """Arguments given as one option's text (`--serve-args`, `--locust-args`), split as a shell would."""
+    import shlex
+
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as exc:
+        raise ConfigError(f"{flag} {text!r}: {exc}") from None
+
+
 def numbers(flag: str, text: str, low: float | None = None, high: float | None = None, *,
             above: bool = False, integral: bool = False, blanks: bool = False, count: int | None = None,
             digits: bool = False, form: str = "comma-separated numbers") -> tuple[float, ...]:
@@ -179,6 +189,7 @@ REPOSITORY = Option("--repository", "Triton model repository", "runs/model_repos
 MODEL_CONFIG = Option("--config", "model config: small, kuairand-1k, kuairand-1k-8l", "small")
 WEIGHTS_SEED = Option("--seed", "weights seed", 0, int)
 DEVICE = Option("--device", "cpu, cuda or auto", "auto")
+SERVE_ARGS = Option("--serve-args", 'more `server serve` arguments, e.g. --serve-args="--threads 1"', "")
 THREADS = Option("--threads", "CPU threads of the model (0: OMP_NUM_THREADS if set, else the usable cores minus one: "
                  "beside other work a model on every core slows down several-fold)", 0, int)
 DUMP_BATCHES = Option("--batches", "dump batches: batch 0 is the warm-up, the rest measured", 16, int)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -252,3 +253,58 @@ def oracle_servers(tmp_path_factory) -> Iterator[Callable[..., OracleHandle]]:
 
 
 pytest_plugins = ["tests.certs"]  # `secure`: one TLS server per session, for tests/client and tests/loadtest
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A fleet of reference servers (hstu_replay.fleet.local)
+
+FLEET_SERVERS = 2
+FLEET_BUDGET_TOKENS = 200_000  # no test of the fleet comes near it: nothing is evicted
+
+
+def tree(pid: int) -> set[int]:
+    """`pid` and every process below it, from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        current = todo.pop()
+        found.add(current)
+        todo += parents.get(current, [])
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.fixture(scope="session")
+def fleet(compiled_repository, tmp_path_factory):
+    """One fleet of two reference servers on CPU per test session, shared by every test of a fleet
+    (a server's start costs seconds; each test makes cache keys of its own); at the end they are
+    stopped and nothing of theirs may be left: no process of their trees (read from /proc before the stop) and no port they listened on."""
+    from hstu_replay.fleet.local import LocalFleet
+
+    fleet = LocalFleet(compiled_repository, FLEET_SERVERS, tmp_path_factory.mktemp("fleet"), FLEET_BUDGET_TOKENS,
+                       ("--device", "cpu"), ready_timeout_s=240)
+    fleet.start()
+    yield fleet
+    pids = set().union(*(tree(server.pid) for server in fleet.servers))
+    ports = [port for server in fleet.servers for port in server.ports.all()]
+    teardown = fleet.stop()
+    assert teardown.clean, teardown.problems()
+    assert [pid for pid in pids if alive(pid)] == []
+    for port in ports:
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # connections closing there do not count
+            sock.bind(("127.0.0.1", port))  # raises while something still listens there

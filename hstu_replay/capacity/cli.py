@@ -7,14 +7,14 @@ rather than argparse's usage block. Exit 0: every hit ratio has a sustainable st
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 
 from hstu_replay.arguments import (
     BATCH_SIZE, BUDGETS, CANDIDATES, DUMP_DIR, HIT_RATIOS, MAX_HISTORY, OVER_LIMIT, PAGE_TOKENS, REBASE_KEEP,
-    REPOSITORY, REQUEST_RATE, SLO_ERROR_RATIO, SLO_P99_MS, SMALL_MAX_HISTORY, STORE, TIME_SLICE_MS, TRITON_MODEL,
-    TRITON_PROTOCOL, TRITON_URL, VISITS_PER_REQUEST, WARMUP_SECONDS, WORKLOAD, Option, number, numbers,
+    REPOSITORY, REQUEST_RATE, SERVE_ARGS, SLO_ERROR_RATIO, SLO_P99_MS, SMALL_MAX_HISTORY, STORE, TIME_SLICE_MS,
+    TRITON_MODEL, TRITON_PROTOCOL, TRITON_URL, VISITS_PER_REQUEST, WARMUP_SECONDS, WORKLOAD, Option, number, numbers,
+    split_args,
 )
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import PUBLISHED_LIMITS
@@ -27,7 +27,6 @@ HOST_BUDGETS = Option("--host-budgets", "host-tier budgets (tokens), comma-separ
                                         "cpu_cache_gb is 1 GB)", "")
 OFFLOAD_MODE = Option("--offload-mode", "how the host tier is filled: native (the reference target's default) "
                                         "or flexkv", "native")
-SERVE_ARGS = Option("--serve-args", 'more `server serve` arguments, e.g. --serve-args="--threads 1"', "")
 
 #: workload options handed to every step as given: capacity option -> Locust option
 PASS_THROUGH = ("--workload", "--store", "--dump-dir", "--triton-url", "--triton-protocol", "--max-history",
@@ -132,10 +131,7 @@ def add_commands(groups) -> None:
 # -- options -> plan --------------------------------------------------------------------------
 
 def _locust_args(text: str) -> tuple[str, ...]:
-    try:
-        args = tuple(shlex.split(text))
-    except ValueError as exc:
-        raise ConfigError(f"--locust-args {text!r}: {exc}") from None
+    args = split_args("--locust-args", text)
     for arg in args:
         if arg.split("=", 1)[0] in CONTROLLED:
             raise ConfigError(f"--locust-args: {arg.split('=', 1)[0]} is set by capacity run itself"
@@ -156,13 +152,6 @@ def _workload_args(args: argparse.Namespace) -> tuple[str, ...]:
         if value is not None:
             out += [flag, str(value)]
     return tuple(out)
-
-
-def _serve_args(text: str) -> tuple[str, ...]:
-    try:
-        return tuple(shlex.split(text))
-    except ValueError as exc:
-        raise ConfigError(f"--serve-args {text!r}: {exc}") from None
 
 
 def _pools(args: argparse.Namespace) -> tuple:
@@ -194,7 +183,7 @@ def _pools(args: argparse.Namespace) -> tuple:
 def plan_from_args(args: argparse.Namespace):
     """The validated plan; ConfigError (one line) on the first bad option."""
     from hstu_replay.capacity.driver import LOAD_KINDS, CapacityPlan
-    from hstu_replay.capacity.metrics import metrics_url
+    from hstu_replay.metrics.pages import metrics_url
     from hstu_replay.capacity.search import Slo
 
     ratios = numbers("--hit-ratios", args.hit_ratios, 0.0)
@@ -234,7 +223,7 @@ def plan_from_args(args: argparse.Namespace):
         metrics_url=metrics_url(args.metrics_url) if args.metrics_url else None,
         cache_metrics_url=metrics_url(args.cache_metrics_url) if args.cache_metrics_url else None,
         step_timeout_s=timeout_s,
-        pools=_pools(args), repository=args.repository, serve_args=_serve_args(args.serve_args),
+        pools=_pools(args), repository=args.repository, serve_args=split_args("--serve-args", args.serve_args),
     )
 
 
@@ -320,7 +309,7 @@ def _natural(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{flag.replace('_', '-')} is required")
     if not Path(args.repository).is_dir():
         raise ConfigError(f"--repository {args.repository}: no such folder")
-    serve_args = _serve_args(args.serve_args)
+    serve_args = split_args("--serve-args", args.serve_args)
     batch = _batch_size(args.batch_size)
     plan = NaturalPlan(
         store=args.store, repository=args.repository, out_dir=Path(args.out),

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hstu_replay.capacity import metrics
+from hstu_replay.metrics import pages as metrics
 from hstu_replay.capacity.pools import TargetPools, served
 from hstu_replay.capacity.search import Measurement, RatioResult, Slo, StepResult, step_until_breach, summarize
 from hstu_replay.capacity.step_run import StepRun, fresh_dir

@@ -49,7 +49,7 @@ class Measurement:
     latency_basis: str = "sent"
     requested_rps: float | None = None
     server: dict | None = None  # the report's Triton statistics split of the measured window
-    metrics: dict | None = None  # Prometheus deltas over the whole step (capacity.metrics)
+    metrics: dict | None = None  # Prometheus deltas over the whole step (metrics.pages)
     errors: dict | None = None  # the report's most frequent error reasons -> count
     report_dir: str | None = None
     returncode: int | None = None

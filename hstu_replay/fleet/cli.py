@@ -12,8 +12,7 @@ import threading
 from contextlib import nullcontext
 from pathlib import Path
 
-from hstu_replay.arguments import DEVICE, REPOSITORY, Option, number
-from hstu_replay.capacity.cli import SERVE_ARGS
+from hstu_replay.arguments import DEVICE, REPOSITORY, SERVE_ARGS, Option, number, split_args
 from hstu_replay.errors import ConfigError, ServerError
 
 WATCH_PERIOD_S = 0.5  # how often a serving fleet is looked at
@@ -92,7 +91,7 @@ def _serve(args) -> int:
     header = routing_header(args.routing_header)
     ports = (_port("--gateway-grpc-port", args.gateway_grpc_port, 0),
              _port("--gateway-http-port", args.gateway_http_port, 0))
-    serve_args = ("--device", args.device, *_split(args.serve_args))
+    serve_args = ("--device", args.device, *split_args("--serve-args", args.serve_args))
     if policy is not None:
         haproxy_binary()  # a missing HAProxy is said before the servers start
     log_dir = Path(args.log_dir)
@@ -128,12 +127,3 @@ def _serve(args) -> int:
         raise ServerError(f"the fleet did not stop cleanly: {'; '.join(left)}")
     print("hstu-replay: fleet stopped", file=sys.stderr, flush=True)
     return 0
-
-
-def _split(text: str) -> tuple[str, ...]:
-    import shlex
-
-    try:
-        return tuple(shlex.split(text))
-    except ValueError as exc:
-        raise ConfigError(f"--serve-args {text!r}: {exc}") from None

@@ -118,7 +118,7 @@ def server_budgets(config: LoadTestConfig, binding: ModelBinding) -> LoadTestCon
 
 def check_fleet_metrics(target: TargetConfig) -> None:
     """Behind a gateway: every server's metrics page answers, with the KV-cache counters, before any load."""
-    from hstu_replay.capacity import metrics
+    from hstu_replay.metrics import pages as metrics
 
     for url in target.fleet_metrics:
         try:

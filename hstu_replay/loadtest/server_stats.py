@@ -51,7 +51,7 @@ def _backends(run):
     urls = run.config.target.fleet_metrics
     if not urls:
         return None
-    from hstu_replay.fleet.backend_metrics import BackendMetrics
+    from hstu_replay.metrics.backends import BackendMetrics
     from hstu_replay.fleet.local import Backend
 
     return BackendMetrics([Backend("", "", None, url) for url in urls], run.config.target.model)

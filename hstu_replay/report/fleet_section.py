@@ -89,7 +89,7 @@ def _backend_row(index: int, url: str, f, total: int) -> dict:
 
 def gateway_section(backend_stages: dict, urls: tuple[str, ...], stats: RunStats) -> dict | None:
     """Behind a gateway: per stage, what each server's own KV-cache counters say of its measured
-    window (`backend_stages`: stage name -> `fleet.backend_metrics.ServerFigures` per server)."""
+    window (`backend_stages`: stage name -> `metrics.backends.ServerFigures` per server)."""
     if not urls:
         return None
     stages = []

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hstu_replay.cpp_replay.replay import ROOT, build_cmake
+from hstu_replay.cmake_build import ROOT, build_cmake
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import CONTROL_MODEL, KVCACHE, INTERFACES
 from hstu_replay.process import Child, model_ready

@@ -217,7 +217,9 @@ def test_native_failed_build_reports_the_compiler_error(tmp_path, monkeypatch):
     ("", "no output"),
 ])
 def test_native_last_error_line(output, expected):
-    assert cpp_replay.last_error_line(output) == expected
+    from hstu_replay.cmake_build import last_error_line
+
+    assert last_error_line(output) == expected
 
 
 def test_an_aborted_replay_keeps_its_last_words():

@@ -17,7 +17,8 @@ from hstu_replay.client.triton import ClientOptions, TritonClient
 from hstu_replay.fleet.gateway import haproxy_binary
 from hstu_replay.request import build_request
 from tests.conftest import ROOT
-from tests.fleet.conftest import alive, history_user, needs_haproxy, tree
+from tests.conftest import alive, tree
+from tests.fleet.conftest import history_user, needs_haproxy
 
 SERVE_START_S = 240.0
 

@@ -9,7 +9,8 @@ from hstu_replay.errors import ConfigError, ServerError
 from hstu_replay.fleet.local import LocalFleet, fleet_ports
 from hstu_replay.interface import history_tokens
 from hstu_replay.request import build_request
-from tests.fleet.conftest import FLEET_BUDGET_TOKENS, FLEET_SERVERS, history_user, served_requests
+from tests.conftest import FLEET_BUDGET_TOKENS, FLEET_SERVERS
+from tests.fleet.conftest import history_user, served_requests
 
 
 def test_fleet_ports_are_all_distinct():

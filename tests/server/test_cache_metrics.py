@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hstu_replay.capacity import metrics
+from hstu_replay.metrics import pages as metrics
 from hstu_replay.server.serve import CACHE_METRICS, ServeOptions, start_cache_metrics
 from tests.exposition import exposed
 

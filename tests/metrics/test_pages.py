@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from hstu_replay.capacity import metrics
+from hstu_replay.metrics import pages as metrics
 from hstu_replay.errors import ConfigError
 
 M = "hstu_gr_ranking_kvcache"

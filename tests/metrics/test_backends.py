@@ -7,7 +7,7 @@ import time
 import pytest
 
 from hstu_replay.client.triton import ClientOptions, TritonClient
-from hstu_replay.fleet.backend_metrics import BackendMetrics, ServerFigures
+from hstu_replay.metrics.backends import BackendMetrics, ServerFigures
 from hstu_replay.fleet.local import Backend
 from hstu_replay.interface import history_tokens
 from hstu_replay.request import build_request

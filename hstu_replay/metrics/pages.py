@@ -1,4 +1,5 @@
-"""Prometheus `/metrics` of Triton (and of our target's KV cache), scraped around each step.
+"""Prometheus `/metrics` of Triton (and of our target's KV cache), scraped around a capacity step or a
+load test's stage window.
 
 The text exposition format (`name{label="value",...} value [timestamp]`) is read by
 prometheus_client's parser; each sample is kept by its own name (a counter's `_total` included),

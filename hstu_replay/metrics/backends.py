@@ -2,7 +2,7 @@
 
 Behind a gateway the load generator cannot tell which server answered a request; each server can.
 `BackendMetrics.snapshot()` scrapes every backend's KV-cache counters (and Triton's metrics where
-the backend names their URL) through `capacity.metrics`; `figures(before, after)` gives, per
+the backend names their URL) through `metrics.pages`; `figures(before, after)` gives, per
 server, what it counted between the two: requests, hit and computed tokens, their hit ratio, and
 Triton's `nv_inference_request_success` of the model. Take a snapshot when a stage's window opens
 and another when it closes. A server that could not be scraped (lost, or restarted: its counters
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from hstu_replay.capacity.metrics import Scrape, cache_delta, triton_delta, try_scrape
+from hstu_replay.metrics.pages import Scrape, cache_delta, triton_delta, try_scrape
 from hstu_replay.fleet.local import Backend
 from hstu_replay.interface import KVCACHE
 
