@@ -270,7 +270,7 @@ def accounting_run(config: LoadTestConfig, master: ActiveRun, requests: int, wor
             if prime is not None:  # a prime sent while the stage warms up counts as warm-up, as in user.py
                 sends.insert(0, (prime, "warmup" if kind == "warmup" else "prime", shape.label + " (prime)"))
             for part, part_kind, label in sends:
-                predicted = worker.cache.predict(part)
+                predicted = worker.fleet.predict(worker.fleet.route(part), part).hits
                 latency, lag = next(timings)
                 outcome = Outcome(latency, cached_tokens=np.array(predicted), verdict=OK_VERDICT, lag_s=lag)
                 expected = (0,) * BATCH if part is prime else predicted
@@ -289,7 +289,7 @@ def accounting_run(config: LoadTestConfig, master: ActiveRun, requests: int, wor
                     run.samples.append(Sample(done, time.perf_counter() - start, time.process_time() - cpu0,
                                               rss_mib(), records / 2**20, buckets(master.stats)))
                     progress(run.samples[-1])
-            worker.cache.retire(request.user_ids.tolist())  # the source settles the step
+            worker.fleet.retire(request.user_ids.tolist())  # the source settles the step
             step += 1
     for w, worker in enumerate(runs):  # the last report, as a worker sends at test stop
         receive(master, hstu_stats_message(worker, f"worker{w}"))
