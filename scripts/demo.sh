@@ -11,6 +11,7 @@ OUT=${OUT:-runs/demo}
 REPO=${REPO:-runs/model_repository}
 HTTP_PORT=${HTTP_PORT:-8000} GRPC_PORT=${GRPC_PORT:-8001} METRICS_PORT=${METRICS_PORT:-8002}
 CACHE_METRICS_PORT=${CACHE_METRICS_PORT:-8003}
+FRONTEND=${FRONTEND:-pytriton}  # or python-backend, or cpp-backend (our C++ Triton backend)
 mkdir -p "$OUT"
 
 # Synthetic KuaiRand-1K (same schema as the real files; see datasets/README.md for the real data)
@@ -21,7 +22,8 @@ hstu-replay server dump --repository "$REPO" --store "$OUT/store" --out "$OUT/du
     --batches 24 --batch-size 8 --candidates 16 --min-history 200
 
 hstu-replay server serve --repository "$REPO" --http-port "$HTTP_PORT" --grpc-port "$GRPC_PORT" \
-    --metrics-port "$METRICS_PORT" --cache-metrics-port "$CACHE_METRICS_PORT" >"$OUT/server.log" 2>&1 &
+    --metrics-port "$METRICS_PORT" --cache-metrics-port "$CACHE_METRICS_PORT" --frontend "$FRONTEND" \
+    >"$OUT/server.log" 2>&1 &
 SERVER=$!
 trap 'kill -INT $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
 hstu-replay server wait --http-port "$HTTP_PORT" --pid $SERVER --log "$OUT/server.log" --timeout 60 ||

@@ -11,6 +11,7 @@ from hstu_replay.arguments import (
     TOLERANCE, TRITON_PROTOCOL, WEIGHTS_SEED, Option, numbers,
 )
 from hstu_replay.process import Ports
+from hstu_replay.server.cli import FRONTENDS
 
 
 def add_commands(groups: Any) -> None:
@@ -41,6 +42,9 @@ def add_commands(groups: Any) -> None:
     Option("--pause", "seconds after the warm-up (NVIDIA's client sleeps 1)", 1.0, float).add_to(l0)
     Option("--ports", "server ports (default: free ones on 127.0.0.1)",
            metavar="HTTP,GRPC,METRICS,CACHE_METRICS").add_to(l0)
+    Option("--frontend", "how tritonserver reaches the model: pytriton, python-backend or cpp-backend (our C++ "
+           "Triton backend, the batched AOTInductor engine)", "pytriton",
+           choices=FRONTENDS).add_to(l0)
     l0.set_defaults(func=_l0)
 
 
@@ -54,6 +58,7 @@ def _l0(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, candidates=args.candidates, max_history=args.max_history, seed=args.seed,
         dump_seed=args.dump_seed, tolerance=args.tolerance, protocol=args.protocol, device=resolve_device(args.device),
         threads=args.threads, ready_timeout_s=args.ready_timeout, pause_s=args.pause, ports=_ports(args.ports),
+        frontend=args.frontend,
     )
     code, record = run_l0(options)
     print(summary_line(code, record), flush=True)

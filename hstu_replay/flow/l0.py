@@ -53,6 +53,7 @@ class L0Options:
     ready_timeout_s: float = 300.0
     pause_s: float = 1.0  # after the warm-up, as NVIDIA's client sleeps
     ports: Ports | None = None  # default: free ports on 127.0.0.1
+    frontend: str = "pytriton"  # how tritonserver reaches the model (server serve --frontend)
 
 
 @dataclass(frozen=True)
@@ -271,7 +272,8 @@ def _server(options: L0Options, layout: Layout) -> ServerProcess:
     """The server process, not started yet."""
     return ServerProcess.serve(layout.repository, layout.logs / "server.log", options.ports, "--config", options.config,
                                "--seed", str(options.seed), "--device", options.device,
-                               "--threads", str(options.threads), ready_timeout_s=options.ready_timeout_s)
+                               "--threads", str(options.threads), "--frontend", options.frontend,
+                               ready_timeout_s=options.ready_timeout_s)
 
 
 def _wait_ready(options: L0Options, server: ServerProcess, record: FlowRecord) -> None:

@@ -16,6 +16,7 @@ from hstu_replay.errors import ConfigError
 FRONTENDS = ("pytriton", "python-backend", "cpp-backend")
 #: the engine the C++ backend serves (its package); the host tier is not built in C++
 CPP_BACKEND_ENGINE = "batched-aoti"
+DEFAULT_ENGINE = "aoti"
 
 SERVE_OPTIONS = (
     Option("--host", "address to listen on", "127.0.0.1"),
@@ -33,8 +34,9 @@ SERVE_OPTIONS = (
     OFFLOAD_CHUNK_TOKENS,
     Option("--engine", "aoti: the compiled packages, one user at a time; batched: every user of a request in one "
                        "pass over a paged KV pool (the fast path on a GPU; nothing to compile); batched-aoti: that "
-                       "pass compiled by AOTInductor into the repository (once; the attention kernel inside on a GPU)",
-           "aoti", choices=("aoti", "batched", "batched-aoti")),
+                       "pass compiled by AOTInductor into the repository (once; the attention kernel inside on a GPU); "
+                       "default aoti, batched-aoti with --frontend cpp-backend",
+           choices=("aoti", "batched", "batched-aoti")),
     Option("--dtype", "weights and KV cache type (--engine batched or batched-aoti; default: the config's)",
            choices=("float32", "bfloat16")),
     THREADS,
@@ -42,7 +44,7 @@ SERVE_OPTIONS = (
                          "engine); python-backend: a Python-backend model repository served by tritonserver "
                          "directly, each model's engine inside its backend stub (no proxy); cpp-backend: our C++ Triton "
                          "backend (cpp/backend, built with CMake once) serving the batched-aoti package, no Python "
-                         "in tritonserver's process (needs --engine batched-aoti; no host tier)", "pytriton",
+                         "in tritonserver's process (its engine: batched-aoti; no host tier)", "pytriton",
            choices=FRONTENDS),
     Option("--log-verbose", "tritonserver's log verbosity", 0, int),
     Option("--tls-cert", "PEM server certificate: gRPC then takes TLS only"),
@@ -157,6 +159,8 @@ def _serve(args) -> int:
 
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ConfigError("--tls-cert and --tls-key go together")
+    if args.engine is None:  # the engine the frontend serves by default
+        args.engine = CPP_BACKEND_ENGINE if args.frontend == "cpp-backend" else DEFAULT_ENGINE
     if args.frontend == "cpp-backend":
         _check_cpp_backend(args)
     host = HostTierOptions(args.host_budget_tokens, OffloadMode(args.offload_mode), args.offload_chunk_tokens)

@@ -104,6 +104,24 @@ def test_flow_l0_end_to_end_on_the_small_config(tmp_path, compiled_repository):
 
 
 @pytest.mark.integration
+def test_flow_l0_through_the_cpp_backend(tmp_path, compiled_repository):
+    """The same flow with tritonserver loading our C++ backend: every answer within the tolerance of
+    the C++ reference, the server's hits as each pass names them, the process free of Python."""
+    out = tmp_path / "l0"
+    result = _flow("--out", str(out), "--export-from", str(compiled_repository), "--device", "cpu",
+                   "--frontend", "cpp-backend")
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    summary = _summary(out)
+    assert summary["status"] == "pass" and summary["options"]["frontend"] == "cpp-backend"
+    assert_torn_down(summary, list(summary["server"]["ports"].values()))
+    assert "C++ backend models" in (out / "logs" / "server.log").read_text()
+    records = [json.loads(line) for line in (out / "client.jsonl").read_text().splitlines()]
+    assert len(records) == 15 and all(r["ok"] and not r["error"] for r in records)
+    for r in records:
+        assert r["cached_tokens"] == (r["history_tokens"] if r["phase"] == "cached" else 0)
+
+
+@pytest.mark.integration
 def test_a_wrong_reference_fails_the_flow_naming_the_case_and_a_rerun_starts_clean(
         tmp_path, compiled_repository, monkeypatch, capsys):
     """The client is made to fail: after the C++ program writes the reference, one batch's logits
