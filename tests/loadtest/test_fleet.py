@@ -135,13 +135,14 @@ def check_against_servers(report: dict, records: list[dict], servers, starts: li
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("protocol", ["grpc", "http"])
-def test_key_hash_meets_the_target_on_every_server(oracle_fleet, sample_store, tmp_path, protocol):
+@pytest.mark.parametrize("protocol, arrival", [("grpc", "closed"), ("http", "closed"), ("grpc", "poisson")])
+def test_key_hash_meets_the_target_on_every_server(oracle_fleet, sample_store, tmp_path, protocol, arrival):
     servers = oracle_fleet[:3] if protocol == "grpc" else oracle_fleet[:2]
     starts = [len(s.records()) for s in servers]
+    paced = ("--arrival", arrival, "--request-rate", "60") if arrival != "closed" else ()
     result = run_locust(tmp_path, "-u", "6", "-r", "6", *fleet_args(servers, protocol), "--workload", "sessions",
                         "--store", str(sample_store), "--hit-ratios", "0.5,1.0", "--batch-sizes", "1,8",
-                        "--stage-seconds", "2")
+                        "--stage-seconds", "2", *paced)
     assert result.returncode == 0, result.stderr[-3000:]
     report = result.report
     counted = check_against_servers(report, read_records(tmp_path), servers, starts)

@@ -185,3 +185,17 @@ def test_a_worker_uses_its_own_secret_and_never_receives_the_masters(triton_serv
              "master log": (tmp_path / "master.log").read_text()}
     assert leaks(texts, report, SENTINEL) == []
     assert spied(tmp_path, "master")[0]["headers"] == f"x-hstu-probe={SENTINEL}"
+
+
+def test_with_an_editable_target_the_host_field_takes_a_fleet_but_never_a_file_to_read(tmp_path):
+    (tmp_path / "dumps").mkdir()
+    check({"host": "grpc://127.0.0.1:8001,grpc://127.0.0.1:8011", "routing": "round-robin"}, tmp_path,
+          edit_target=True)
+    listed = tmp_path / "fleet.txt"
+    listed.write_text("127.0.0.1:8001\n")
+    with pytest.raises(ConfigError, match="not an @file to read"):
+        check({"host": f"@{listed}"}, tmp_path, edit_target=True)
+    with pytest.raises(ConfigError, match="is given twice"):
+        check({"host": "127.0.0.1:8001,127.0.0.1:8001"}, tmp_path, edit_target=True)
+    with pytest.raises(ConfigError, match="the target address is fixed"):
+        check({"host": "grpc://127.0.0.1:8001,grpc://127.0.0.1:8011"}, tmp_path)
