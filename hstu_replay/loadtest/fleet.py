@@ -18,6 +18,7 @@ from hstu_replay.fleet.routing import router
 from hstu_replay.loadtest.config import LoadTestConfig
 from hstu_replay.plan.cache_model import CacheModel
 from hstu_replay.plan.keys import KeyAllocator, Landing
+from hstu_replay.plan.tiers import TierHits
 from hstu_replay.request import RequestTensors
 from hstu_replay.stats.availability import Availability
 from hstu_replay.stats.run_stats import RunStats
@@ -47,8 +48,8 @@ class Fleet:
                                Availability(stats, say, i if many else -1, a if many else "the server"))
                         for i, (a, b) in enumerate(zip(addresses, budgets))]
         self.router = router(target.routing, addresses, config.data.seed)
-        self.affinity = target.routing.keeps_affinity or not many
-        self.plan_cache = None if self.affinity else model(max(budgets))
+        affinity = target.routing.keeps_affinity or not many
+        self.plan_cache = None if affinity else model(max(budgets))
         self._visited: dict[int, int] = {}  # a fleet's key -> the servers it was sent to (bit i: server i)
 
     @property
@@ -84,7 +85,7 @@ class Fleet:
         """Changes whenever a server comes back (its cache lost): plans made before are void."""
         return sum(s.availability.epoch for s in self.servers)
 
-    def predict(self, server: Server, request: RequestTensors):
+    def predict(self, server: Server, request: RequestTensors) -> TierHits:
         """The hits `request` should find at `server`; the models then hold what follows it."""
         if self.plan_cache is not None:
             self.plan_cache.predict_tiers(request)  # the plan's view moves on as if affinity held
@@ -96,8 +97,9 @@ class Fleet:
 
     def forget(self, server: Server, request: RequestTensors) -> None:
         """A failed request: its keys' state at `server` (and in the plan's view) is unknown."""
-        for model in {id(m): m for m in (server.cache, self.plan_cache) if m is not None}.values():
-            model.forget(request)
+        server.cache.forget(request)
+        if self.plan_cache is not None:
+            self.plan_cache.forget(request)
 
     def lost_cache(self, server: Server) -> None:
         """`server` came back empty."""

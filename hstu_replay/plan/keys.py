@@ -25,6 +25,7 @@ _OWNER_BITS = 20
 _NONCE_BITS = 20
 MAX_USERS_PER_WORKER = 4096
 DRAW_BLOCK = 1024  # candidate keys tried at once for those landing on a user's server
+SPARE_KEYS = 64  # drawn keys kept for each other server, for a later request there (a natural replay's)
 MAX_KEY_DRAWS = 64 * DRAW_BLOCK  # tried in a row without one landing: the fleet's hash gives that server nothing
 
 
@@ -68,10 +69,10 @@ class KeyAllocator:
             first = self._counted(DRAW_BLOCK)
             keys = np.arange(self._base + first, self._base + first + DRAW_BLOCK, dtype=np.int64)
             landed = self._landing.servers(keys)
-            for where in np.unique(landed).tolist():  # draws kept for the server they land on, a block at most
+            for where in np.unique(landed).tolist():  # every server asked for keeps a few spare draws
                 queue = self._ready.setdefault(where, deque())
-                if where == server or len(queue) < DRAW_BLOCK:
-                    queue.extend(keys[landed == where].tolist())
+                if where == server or len(queue) < SPARE_KEYS:
+                    queue.extend(keys[landed == where].tolist()[:None if where == server else SPARE_KEYS])
             drawn += DRAW_BLOCK
         return ready.popleft()
 
