@@ -292,7 +292,8 @@ def test_two_reference_servers_answer_right_at_the_target(triton_server, second_
                         f"{triton_server.grpc_url},{second_reference_server.grpc_url}", "--workload", "dumps",
                         "--dump-dir", str(reference_dumps), "--hit-ratios", "0,0.9", "--batch-sizes", "8",
                         "--stage-seconds", "3", "--warmup-seconds", "0.5", "--max-history", "256",
-                        "--max-mismatches", "0")
+                        "--max-mismatches", "0", "--max-loop-lag-ms", "1000")  # two servers and Locust share 2 cores:
+    # the answers and the ratio are checked here, not whether the client kept up
     assert result.returncode == 0, result.stderr[-3000:]
     report = result.report
     assert report["verification"]["verified"] > 0 and report["verification"]["mismatches"] == 0
