@@ -125,7 +125,8 @@ class HstuUser(User):
         predicted = run.fleet.predict(server, request) if caches else None
         start = time.monotonic()
         try:
-            response = self._client(server.index).infer(request, route_key(int(request.user_ids[0])))
+            routed = route_key(int(request.user_ids[0])) if run.config.target.routing_header else None
+            response = self._client(server.index).infer(request, routed)
             outcome = Outcome(response.latency_s, response.logits, response.cached_tokens,
                               host_cached_tokens=response.host_cached_tokens)
         except HstuReplayError as exc:
