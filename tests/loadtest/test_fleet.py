@@ -202,11 +202,13 @@ def test_a_natural_replay_sends_each_log_users_visits_to_one_server(oracle_fleet
     starts = [len(s.records()) for s in servers]
     slices = ("--time-slice-ms", "86400000") if batch > 1 else ()  # a day of log a request: full batches
     result = run_locust(tmp_path, "-u", "2", "-r", "2", *fleet_args(servers), "--workload", "timeline",
-                        "--store", str(long_store), "--batch-sizes", str(batch), *slices, "--stage-seconds", "4")
+                        "--store", str(long_store), "--batch-sizes", str(batch), *slices, "--stage-seconds", "6")
     assert result.returncode == 0, result.stderr[-3000:]
     counted = check_against_servers(result.report, read_records(tmp_path), servers, starts)
     (stage,) = result.report["fleet"]["stages"]
-    assert all(row["requests"] >= 3 for row in stage["servers"])  # few log users: the split is uneven
+    # few log users, so the split is uneven (about 20 requests each at batch 8 in 4 s here; fewer
+    # than 3 on one server was seen on a slower machine): both servers are reached
+    assert all(row["requests"] > 0 for row in stage["servers"])
     assert all(0 < counted[stage["name"], i] < 1 for i in range(2))  # returns hit, first visits miss
     if batch > 1:
         seen = [e for s, start in zip(servers, starts) for e in s.records()[start:]]

@@ -57,8 +57,9 @@ def test_every_response_verified_without_mismatch(dump_sweep):
 
 def test_latency_falls_as_hit_ratio_rises(dump_sweep):
     b = bins(dump_sweep.report)
-    # histories of 200..256 items: BENCHMARKS.md measures ~5x at 256 items on a quiet machine
-    assert b["b8_h1.00"]["mean_ms"] < b["b8_h0.50"]["mean_ms"] < b["b8_h0.00"]["mean_ms"]
+    # histories of 200..256 items: BENCHMARKS.md measures ~5x at 256 items on a quiet machine. The
+    # order is of medians: on a shared 2-core machine a stall of a few hundred ms moves a 5 s stage's mean
+    assert b["b8_h1.00"]["p50_ms"] < b["b8_h0.50"]["p50_ms"] < b["b8_h0.00"]["p50_ms"]
     assert b["b8_h1.00"]["speedup"] > 1.5
     assert b["b8_h1.00"]["p50_ms"] < 0.5 * b["b8_h0.00"]["p50_ms"]
     assert all(b[name]["server"]["count"] > 0 for name in b)  # Triton's own split was captured
