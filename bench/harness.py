@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from hstu_replay.inspection import ProcTimes, load_average, rss_mib
 from hstu_replay.interface import ModelInterface
 from hstu_replay.loadtest.command import locust_command
@@ -144,6 +146,33 @@ def read_windows(server: ServerProcess, model: str, processes: Sequence[Child], 
     t1, n1, c1 = time.monotonic(), successes(server, model), [ProcTimes.of(p.pid) for p in processes]
     return [Window(n1 - n0, t1 - t0, b.user_s - a.user_s, b.system_s - a.system_s, b.minor_faults - a.minor_faults,
                    rss_mib(p.pid)) for a, b, p in zip(c0, c1, processes)]
+
+
+class MemoryPeaks:
+    """The largest resident memory seen, sample by sample (`sample`, e.g. as `Child.wait`'s `each`):
+    of one process and its anonymous part (its own heap, not the file pages it maps, such as a
+    store's), and of the whole tree under a root pid added up."""
+
+    def __init__(self, root: int, process: int | None = None):
+        self.root, self.process = root, root if process is None else process
+        self.tree_mib = self.process_mib = self.process_anon_mib = 0.0
+
+    def sample(self) -> None:
+        try:
+            tree = [psutil.Process(self.root), *psutil.Process(self.root).children(recursive=True)]
+        except psutil.Error:
+            return
+        total = 0
+        for p in tree:
+            try:
+                info = p.memory_info()
+            except psutil.Error:
+                continue
+            total += info.rss
+            if p.pid == self.process:
+                self.process_mib = max(self.process_mib, info.rss / 2**20)
+                self.process_anon_mib = max(self.process_anon_mib, (info.rss - info.shared) / 2**20)
+        self.tree_mib = max(self.tree_mib, total / 2**20)
 
 
 # -- the two clients ----------------------------------------------------------------------------

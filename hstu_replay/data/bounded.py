@@ -4,15 +4,17 @@ The rules are `prepare`'s (see its module docstring); the store is the same byte
 differs is where the events wait between reading and sorting:
 
 1. Every log file is streamed in blocks (pyarrow's CSV reader). Each row becomes a 25-byte
-   record (user's slot among the user_features users, time_ms, video_id, action bitmask) that is
-   appended to the spill file of its user range; rows of users without features are dropped
-   there. Which users each standard period holds and how many events each featured user has are
-   counted on the way (memory: a few bytes per user, none per event).
+   record (user's slot among the user_features users, time_ms, video_id, action bitmask); rows of
+   users without features are dropped there. The records wait in memory while they fit one
+   sorting group (a log of KuaiRand-1K size never touches the disk); from the first block that
+   would pass that, they all go to the spill file of their user range instead. Which users each
+   standard period holds and how many events each featured user has are counted on the way
+   (memory: a few bytes per user, none per event).
 2. The users kept are those in both periods; consecutive spill files are grouped so that a
-   group's events fit the memory limit, and each group is loaded, stably sorted by
-   (user, time) and appended to the store's arrays. Records reach a spill file in file order
-   (period 1's parts, period 2's, the random log), so the stable sort orders ties as the
-   in-memory path does.
+   group's events fit the memory limit (records held in memory are one group), and each group is
+   loaded, stably sorted by (user, time) and appended to the store's arrays. Records reach a spill
+   file in file order (period 1's parts, period 2's, the random log), so the stable sort orders
+   ties as the in-memory path does.
 
 Everything is written into a hidden sibling of the store directory and renamed into place only
 when complete; on any failure (a bad row, a full disk) that directory is removed, so no
@@ -26,7 +28,7 @@ import errno
 import os
 import shutil
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,16 +175,14 @@ def _build(files: RawFiles, context: UserContext, work: Path, group_events: int,
     users = featured.size
     ranges = min(SPILL_FILES, max(1, users))
     range_of_slot = (np.arange(users) * ranges // max(1, users)).astype(np.uint16)
-    spill_dir = work / "spill"
-    spill_dir.mkdir()
-    spills = [spill_dir / f"{i:04d}.bin" for i in range(ranges)]
     tally = _Tally(np.zeros((2, users), bool), np.zeros(users, np.int64),
                    [np.zeros(0, np.int64), np.zeros(0, np.int64)])
     slots = _Slots(featured)
-    with _Files(spills) as sinks:
+    spill = _Spill(work / "spill", range_of_slot, ranges, group_events)
+    with spill:
         for period, path in files.logs:
             for batch in _blocks(path):
-                _spill(batch, period, slots, range_of_slot, sinks, tally)
+                _records(batch, period, slots, spill, tally)
 
     both = tally.present[0] & tally.present[1]
     unfeatured_both = np.intersect1d(*tally.unfeatured, assume_unique=True).size
@@ -210,10 +210,10 @@ def _build(files: RawFiles, context: UserContext, work: Path, group_events: int,
             sink.write(np.ascontiguousarray(array, ARRAYS[name][0]).data)
     keep = np.zeros(users, bool)
     keep[kept] = True
-    written = _sort_groups(spills, range_of_slot, tally, keep, group_events, work, events)
+    written = _sort_groups(spill, tally, keep, work, events)
     if written != events:
         raise AssertionError(f"wrote {written} events, counted {events}")
-    shutil.rmtree(spill_dir)
+    shutil.rmtree(spill.directory, ignore_errors=True)
     meta = StoreMeta(
         format_version=FORMAT_VERSION,
         users=int(kept.size),
@@ -284,8 +284,8 @@ def _bad_row(path: Path, line: int, exc: Exception) -> RawDataError:
     return RawDataError(f"{path}: after line {line}: {message}")
 
 
-def _spill(batch: pa.Table, period: int | None, slots: _Slots,
-           range_of_slot: np.ndarray, sinks: list, tally: _Tally) -> None:
+def _records(batch: pa.Table, period: int | None, slots: _Slots, spill: _Spill, tally: _Tally) -> None:
+    """A block's rows of featured users as records, counted and handed to `spill`."""
     users = batch.column("user_id").to_numpy()
     if users.size == 0:
         return
@@ -308,18 +308,79 @@ def _spill(batch: pa.Table, period: int | None, slots: _Slots,
         actions |= (batch.column(name).to_numpy() != 0).view(np.uint8) * np.uint8(weight)
     records["action"] = actions[featured]
     tally.events += np.bincount(records["slot"], minlength=tally.events.size)
-    where = range_of_slot[records["slot"]]
-    order = np.argsort(where, kind="stable")
-    bounds = np.searchsorted(where[order], np.arange(len(sinks) + 1))
-    records = records[order]
-    for i in np.flatnonzero(np.diff(bounds)):
-        sinks[i].write(records[bounds[i] : bounds[i + 1]].data)
+    spill.add(records)
 
 
-def _sort_groups(spills: list[Path], range_of_slot: np.ndarray, tally: _Tally, keep: np.ndarray,
-                 group_events: int, work: Path, events: int) -> int:
-    """Load consecutive spill files up to `group_events` events, sort, append; events written."""
-    per_range = np.bincount(range_of_slot, weights=tally.events, minlength=len(spills)).astype(np.int64)
+class _Spill:
+    """Pass 1's records, in file order, until pass 2 sorts them: held in memory while they fit one
+    sorting group; from the first block that would pass it, in one file per user range (the
+    records held so far first, in order). `groups` gives them back a sorting group at a time."""
+
+    def __init__(self, directory: Path, range_of_slot: np.ndarray, ranges: int, group_events: int):
+        self.directory, self.range_of_slot, self.group_events = directory, range_of_slot, group_events
+        self.paths = [directory / f"{i:04d}.bin" for i in range(ranges)]
+        # one group's room, reserved, not touched: only the pages records fill become resident
+        self.held: np.ndarray | None = np.empty(group_events, RECORD)  # None once on disk
+        self.count = 0
+        self.sinks: list = []
+        self.open = ExitStack()  # the spill files, while pass 1 writes them
+
+    def __enter__(self) -> _Spill:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.open.__exit__(*exc)
+
+    def add(self, records: np.ndarray) -> None:
+        if self.held is not None and self.count + records.size <= self.group_events:
+            self.held[self.count : self.count + records.size] = records
+            self.count += records.size
+            return
+        if self.held is not None:
+            self.directory.mkdir()
+            self.sinks = self.open.enter_context(_Files(self.paths))
+            self._write(self.held[: self.count])
+            self.held = None
+        self.count += records.size
+        self._write(records)
+
+    def _write(self, records: np.ndarray) -> None:
+        where = self.range_of_slot[records["slot"]]
+        order = np.argsort(where, kind="stable")
+        bounds = np.searchsorted(where[order], np.arange(len(self.sinks) + 1))
+        records = records[order]
+        for i in np.flatnonzero(np.diff(bounds)):
+            self.sinks[i].write(records[bounds[i] : bounds[i + 1]].data)
+
+    def groups(self, per_range: np.ndarray) -> Iterator[np.ndarray]:
+        """The records a group at a time: consecutive ranges up to `group_events` events (`per_range`:
+        each range's), each file read into one array and deleted; or all that memory held."""
+        if self.held is not None:
+            held, self.held = self.held[: self.count], np.empty(0, RECORD)
+            yield held
+            return
+        start = 0
+        while start < len(self.paths):
+            stop, total = start + 1, int(per_range[start])
+            while stop < len(self.paths) and total + per_range[stop] <= self.group_events:
+                total += int(per_range[stop])
+                stop += 1
+            records, at = np.empty(total, RECORD), 0
+            for path, size in zip(self.paths[start:stop], per_range[start:stop]):
+                with open(path, "rb") as f:
+                    got = f.readinto(records[at : at + size].view(np.uint8))
+                if got != size * RECORD.itemsize:
+                    raise AssertionError(f"{path}: {got} bytes, counted {size * RECORD.itemsize}")
+                path.unlink()
+                at += int(size)
+            yield records
+            del records  # before the next group is loaded
+            start = stop
+
+
+def _sort_groups(spill: _Spill, tally: _Tally, keep: np.ndarray, work: Path, events: int) -> int:
+    """Each group of the spill sorted by (user, time), the kept users' events appended; events written."""
+    per_range = np.bincount(spill.range_of_slot, weights=tally.events, minlength=len(spill.paths)).astype(np.int64)
     span_bits = max(0, tally.time_max - tally.time_min).bit_length()
     outputs = {"video_ids": "video", "actions": "action", "times_ms": "time"}
     paths = {name: work / f"{name}.npy" for name in outputs}
@@ -327,35 +388,37 @@ def _sort_groups(spills: list[Path], range_of_slot: np.ndarray, tally: _Tally, k
     with _Files(list(paths.values())) as sinks:
         for sink, name in zip(sinks, outputs):
             write_npy_header(sink, ARRAYS[name][0], (events,))
-        start = 0
-        while start < len(spills):
-            stop, total = start + 1, per_range[start]
-            while stop < len(spills) and total + per_range[stop] <= group_events:
-                total += per_range[stop]
-                stop += 1
-            records = np.concatenate([np.fromfile(p, RECORD) for p in spills[start:stop]])
-            kept = keep[records["slot"]]
-            if not kept.all():
-                records = records[kept]
-            del kept
-            if records.size:
-                first = int(records["slot"].min())
-                local = records["slot"] - first
-                if span_bits + max(1, int(local.max()).bit_length()) <= 62:
-                    key = (local << span_bits) | (records["time"] - tally.time_min)
-                    order = np.argsort(key, kind="stable")
-                    del key
-                else:
-                    order = np.lexsort((records["time"], local))
-                del local
-                for sink, name in zip(sinks, outputs):
-                    column = np.ascontiguousarray(records[outputs[name]][order], ARRAYS[name][0])
-                    sink.write(column.data)
-                written += records.size
-            for p in spills[start:stop]:
-                p.unlink()
-            start = stop
+        for records in spill.groups(per_range):
+            order = _kept_order(records, keep, span_bits, tally.time_min)
+            for sink, name in zip(sinks, outputs):
+                column = np.ascontiguousarray(records[outputs[name]][order], ARRAYS[name][0])
+                sink.write(column.data)
+                del column
+            written += order.size
+            del records, order
     return written
+
+
+def _kept_order(records: np.ndarray, keep: np.ndarray, span_bits: int, time_min: int) -> np.ndarray:
+    """The positions of the records of kept users, stably sorted by (slot, time). With narrow
+    enough slots and times, one int64 key (slot, then time, in its bits) is sorted; a record of a
+    user not kept gets the largest key, so it sorts last and is cut off."""
+    slots, times = records["slot"], records["time"]
+    kept = keep[slots]
+    n = int(np.count_nonzero(kept))
+    if n == 0:
+        return np.zeros(0, np.int64)
+    first = int(slots.min())
+    if span_bits + max(1, int(slots.max()) - first).bit_length() > 62:
+        mine = np.flatnonzero(kept)
+        return mine[np.lexsort((times[mine], slots[mine] - first))]
+    key = slots - first
+    key <<= span_bits
+    key |= times - time_min
+    if n < records.size:
+        key[~kept] = np.iinfo(np.int64).max
+    del kept
+    return np.argsort(key, kind="stable")[:n]
 
 
 class _Files:

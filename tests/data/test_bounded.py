@@ -57,6 +57,20 @@ def test_many_groups_give_the_in_memory_store_byte_for_byte(tmp_path, include_ra
     assert_same_store(tmp_path / "memory", tmp_path / "bounded")
 
 
+def test_blocks_held_in_memory_then_spilled_give_the_same_store(tmp_path, monkeypatch):
+    """Small CSV blocks: the first few fit a sorting group and wait in memory, then one passes it
+    and every record so far goes to the spill files, the held blocks first."""
+    from hstu_replay.data import bounded
+
+    monkeypatch.setattr(bounded, "BLOCK_BYTES", 1 << 20)  # about 14k rows a block, under a group's 65,536
+    raw = tmp_path / "raw"
+    synthesize(raw, users=60, seed=4, events_per_user_scale=0.3)
+    prepare(raw, tmp_path / "memory")
+    meta = prepare_bounded(raw, tmp_path / "bounded", memory_gb=TIGHT_GB)
+    assert meta.events > 2 * MIN_GROUP_EVENTS
+    assert_same_store(tmp_path / "memory", tmp_path / "bounded")
+
+
 def test_sample_dataset_byte_for_byte(tmp_path):
     prepare(SAMPLE, tmp_path / "memory")
     prepare_bounded(SAMPLE, tmp_path / "bounded")
