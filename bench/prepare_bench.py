@@ -90,6 +90,37 @@ def duckdb_sql(files, out: Path, memory_gb: float, work: Path) -> str:
     """
 
 
+def duckdb_flat_sql(files, out: Path, memory_gb: float, work: Path) -> str:
+    """The same events as `duckdb_sql`, without the per-user lists: one row per event of a kept,
+    featured user, sorted by user, time, file and row (the sequences as a sorted table, which is
+    the store's arrays): what a DuckDB user turns to when the lists do not fit."""
+    bitmask = " + ".join(f"(CASE WHEN {name} <> 0 THEN {weight} ELSE 0 END)" for name, weight in ACTION_BITS)
+    parts = [f"SELECT user_id, video_id, time_ms, ({bitmask})::UTINYINT AS action, {period} AS period, "
+             f"{k} AS file, row_number() OVER () AS row FROM read_csv('{path}', header = true)"
+             for k, (period, path) in enumerate(files.logs)]
+    return f"""
+        SET memory_limit = '{memory_gb}GB'; SET threads = 2; SET temp_directory = '{work}';
+        COPY (
+            WITH ev AS ({" UNION ALL ".join(parts)}),
+            kept AS (SELECT user_id FROM ev WHERE period = 0 INTERSECT SELECT user_id FROM ev WHERE period = 1),
+            featured AS (SELECT DISTINCT user_id::BIGINT AS user_id FROM read_csv('{files.user_features}',
+                         header = true, all_varchar = true))
+            SELECT user_id, video_id, action, time_ms FROM ev JOIN kept USING (user_id) JOIN featured USING (user_id)
+            ORDER BY user_id, time_ms, file, row
+        ) TO '{out}' (FORMAT parquet);
+    """
+
+
+def duckdb_flat(raw: Path, out: Path, memory_gb: float) -> None:
+    import duckdb as db
+
+    from hstu_replay.data.bounded import find_raw_files
+
+    work = out.with_suffix(".spill")
+    work.mkdir(parents=True, exist_ok=True)
+    db.connect().execute(duckdb_flat_sql(find_raw_files(raw, include_random=False), out, memory_gb, work))
+
+
 def duckdb(raw: Path, out: Path, memory_gb: float) -> None:
     import duckdb as db
 
@@ -146,12 +177,13 @@ def pandas(raw: Path, out: Path, memory_gb: float) -> None:
     pq.write_table(table, out)
 
 
-#: name -> (worker, output is a store (else a Parquet file of per-user lists), what it is)
+#: name -> (worker, its output: a store, a Parquet file of per-user lists or of sorted event rows, what it is)
 KINDS = {
     "read": (read_only, None, "reading the CSVs only (pyarrow.csv.read_csv, the columns used, file by file): the reference"),
-    "ours": (ours, "store", "hstu-replay data prepare (bounded: spill by user range, sort per group)"),
+    "ours": (ours, "store", "hstu-replay data prepare (bounded: held while one sorting group holds it, else spilled by user range; sorted per group)"),
     "in-memory": (in_memory, "store", "the in-memory path (1K names only): one table, one stable argsort"),
     "duckdb": (duckdb, "parquet", "DuckDB, NVIDIA's recipe in SQL (lists ordered by time, file, row)"),
+    "duckdb-flat": (duckdb_flat, "rows", "DuckDB, the same events as one sorted table (no lists)"),
     "pandas": (pandas, "parquet", "pandas, NVIDIA's recipe (read_csv, groupby->list, merge, stable sort)"),
 }
 
@@ -189,8 +221,19 @@ def parquet_arrays(path: Path) -> dict[str, np.ndarray]:
             "context": np.stack([table.column(f"k{i}").to_numpy() for i in range(len(CONTEXT_KEYS))], axis=1)}
 
 
+def row_arrays(path: Path) -> dict[str, np.ndarray]:
+    """A sorted event table's columns as the store's arrays (no user context in it)."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    users = table.column("user_id").to_numpy()
+    starts = np.flatnonzero(np.diff(users, prepend=users[:1] - 1)) if users.size else np.zeros(0, np.int64)
+    return {"user_ids": users[starts], "offsets": np.append(starts, users.size), "video_ids": table.column("video_id").to_numpy(),
+            "actions": table.column("action").to_numpy(), "times_ms": table.column("time_ms").to_numpy()}
+
+
 def differences(reference: dict[str, np.ndarray], other: dict[str, np.ndarray]) -> list[str]:
-    return [name for name, array in reference.items() if not np.array_equal(array, other[name])]
+    return [name for name, array in reference.items() if name in other and not np.array_equal(array, other[name])]
 
 
 # --- the run --------------------------------------------------------------------------------------
@@ -247,7 +290,7 @@ def main() -> int:
         out = args.work / (f"{kind}-store" if output == "store" else f"{kind}.parquet")
         command = [sys.executable, "-m", "bench.prepare_bench", "--worker", kind, "--raw", str(raw),
                    "--out", str(out), "--memory-gb", str(args.memory_gb)]
-        if kind == "duckdb" and args.duckdb_memory_gb is not None:
+        if kind.startswith("duckdb") and args.duckdb_memory_gb is not None:
             command[-1] = str(args.duckdb_memory_gb)
         try:
             results[kind] = measured_child(command, args.work / f"{kind}.log")
@@ -277,7 +320,7 @@ def main() -> int:
     for kind, (output, path) in outputs.items():
         if kind == "ours":
             continue
-        theirs = store_arrays(path) if output == "store" else parquet_arrays(path)
+        theirs = {"store": store_arrays, "parquet": parquet_arrays, "rows": row_arrays}[output](path)
         different = differences(mine, theirs)
         mismatched |= bool(different)
         print(f"{kind}: " + (f"MISMATCH in {', '.join(different)}" if different else "identical to ours, array by array"))

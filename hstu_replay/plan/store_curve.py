@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from hstu_replay.cache_ledger import DEFAULT_OFFLOAD_CHUNK_TOKENS, DEFAULT_PAGE_TOKENS
 from hstu_replay.data.store import open_store
 from hstu_replay.errors import ConfigError
@@ -48,12 +50,13 @@ def store_curves(options: CurveOptions, offload_mode: str | None = None) -> tupl
     if not len(trace):
         raise ConfigError(f"--store {options.store}: no user comes back after a gap of 60 s; nothing to replay")
     bounds = group_requests(trace, options.slice_ms, options.batch_size)
-    curve = cache_curve(trace.cache_keys, trace.tokens, bounds, options.page_tokens)
-    tiers = (tier_curve(trace.cache_keys, trace.tokens, bounds, options.page_tokens, offload_mode,
-                        options.offload_chunk_tokens)
-             if offload_mode else None)
-    seconds = time.perf_counter() - began
-    info = {"store": str(options.store), "users": int(len(set(trace.users.tolist()))), "visits": len(trace),
+    keys, tokens = trace.cache_keys, trace.tokens
+    info = {"store": str(options.store), "users": int(np.count_nonzero(np.bincount(trace.users))), "visits": len(trace),
             "history_cap": trace.history_cap, "span_ms": int(trace.times_ms[-1] - trace.times_ms[0]),
-            "seconds": round(seconds, 3), "visit_kinds": trace.accounts().to_dict(options.policy)}
+            "visit_kinds": trace.accounts().to_dict(options.policy)}
+    del trace  # the passes need only the keys, tokens and requests: the trace's columns go first
+    curve = cache_curve(keys, tokens, bounds, options.page_tokens)
+    tiers = (tier_curve(keys, tokens, bounds, options.page_tokens, offload_mode, options.offload_chunk_tokens)
+             if offload_mode else None)
+    info["seconds"] = round(time.perf_counter() - began, 3)
     return curve, tiers, info
