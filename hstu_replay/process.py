@@ -246,7 +246,7 @@ class Child:
     def start(self) -> None:
         # Ports already taken before the start are someone else's: teardown checks only the others.
         self.own_ports = tuple(port for port in self.listens if port_free(port))
-        with _output(self.log) as out, _interrupts_held():
+        with _interrupts_held(), _output(self.log) as out:  # held first: a Ctrl-C as the log appears waits too
             self.process = subprocess.Popen(self.command, stdout=out, stderr=None if out is None else subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, cwd=self.cwd, env=self.env,
                                             start_new_session=True)

@@ -11,7 +11,8 @@ from hstu_replay.errors import ConfigError
 DEFAULT_MEMORY_GB = 3.0
 #: What the process holds besides a sorting group (interpreter, pyarrow, one CSV block, per-user tallies).
 BASE_BYTES = 600_000_000
-#: Bytes per event while a group is sorted: loaded records, kept copy, key, order, one output column.
+#: Bytes per event while a group is sorted: its records (25), the sort key, a temporary, the order,
+#: the kept flag and one output column (about 60 together), with room to spare.
 SORT_BYTES_PER_EVENT = 110
 #: The fewest events a group may hold (below it the limit is refused as too small).
 MIN_GROUP_EVENTS = 1 << 16
