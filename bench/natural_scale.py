@@ -4,7 +4,7 @@
 
 For each store, each piece runs in a child of its own (`bench.harness.measured_child`: its wall
 time and its own peak RSS): opening + `inspect`'s summary + `verify`; the one-pass cache curve
-under each over-limit policy (skip is NVIDIA's rule), and skip's two-tier curve (native offload);
+under each over-limit policy (skip is NVIDIA's rule), one tier and two (native offload);
 the timeline trace a worker of shard 0/n builds, for n in --shards; a real Locust worker replaying
 the store's sessions against the do-nothing model (its memory); and with --repository, `capacity
 natural` end to end against the built-in target. Ratios are against the first store of the same
@@ -135,7 +135,8 @@ def pieces(args) -> dict[str, tuple]:
     out = {"open+inspect+verify": (piece_open,)}
     for policy in args.policies.split(","):
         out[f"curve {policy}"] = (piece_curve, policy, False)
-    out["curve skip, two tiers"] = (piece_curve, "skip", True)
+    for policy in args.policies.split(","):
+        out[f"curve {policy}, two tiers"] = (piece_curve, policy, True)
     for n in (int(n) for n in args.shards.split(",")):
         out[f"worker trace, shard 0/{n}"] = (piece_shard, n)
     out["locust worker, sessions"] = (piece_worker,)
