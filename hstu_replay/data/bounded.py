@@ -321,6 +321,7 @@ class _Spill:
         self.paths = [directory / f"{i:04d}.bin" for i in range(ranges)]
         # one group's room, reserved, not touched: only the pages records fill become resident
         self.held: np.ndarray | None = np.empty(group_events, RECORD)  # None once on disk
+        self.blocks = [0]  # where each held block starts (and the end of the last)
         self.count = 0
         self.sinks: list = []
         self.open = ExitStack()  # the spill files, while pass 1 writes them
@@ -335,11 +336,13 @@ class _Spill:
         if self.held is not None and self.count + records.size <= self.group_events:
             self.held[self.count : self.count + records.size] = records
             self.count += records.size
+            self.blocks.append(self.count)
             return
         if self.held is not None:
             self.directory.mkdir()
             self.sinks = self.open.enter_context(_Files(self.paths))
-            self._write(self.held[: self.count])
+            for start, stop in zip(self.blocks, self.blocks[1:]):  # block by block: each in its own order
+                self._write(self.held[start:stop])
             self.held = None
         self.count += records.size
         self._write(records)
