@@ -136,10 +136,10 @@ def pieces(args) -> dict[str, tuple]:
     for policy in args.policies.split(","):
         out[f"curve {policy}"] = (piece_curve, policy, False)
     for policy in args.policies.split(","):
-        out[f"curve {policy}, two tiers"] = (piece_curve, policy, True)
+        out[f"curve {policy} (two tiers)"] = (piece_curve, policy, True)
     for n in (int(n) for n in args.shards.split(",")):
         out[f"worker trace, shard 0/{n}"] = (piece_shard, n)
-    out["locust worker, sessions"] = (piece_worker,)
+    out["locust worker (sessions)"] = (piece_worker,)
     if args.repository:
         out["capacity natural"] = (piece_capacity,)
     return out
@@ -189,7 +189,8 @@ def main() -> int:
         for store in stores:
             r = results[store, name]
             growth = f"{events[store] / events[stores[0]]:.1f}" if events else ""
-            extra = (f"visits {r['visits']:,}" if "visits" in r else f"{r['events']:,} events, {r['megabytes']:,.0f} MB")
+            extra = (f"visits {r['visits']:,}" if "visits" in r
+                     else f"{r['events']:,} events, {r['megabytes']:,.0f} MB" if "events" in r else "")
             if "worker_rss_mb" in r:
                 extra = (f"worker peak RSS {r['worker_rss_mb']:,.0f} MB, of it anonymous {r['worker_anon_mb']:,.0f} MB; "
                          f"{r['requests']:,} requests")

@@ -65,8 +65,11 @@ class SlotHistory:
     def of(cls, store, user: int, keep: int) -> SlotHistory:
         history = store.user(user)
         ids = np.asarray(history.video_ids)
+        # visits that start past `keep` events can never end a request (it stops within them): the
+        # times read are the first `keep` + 1, not the user's whole log (pages of a large store untouched)
         return cls(history.user_id, history.context, ids[:keep].astype(np.int64, copy=False),
-                   np.asarray(history.actions[:keep], dtype=np.int64), len(ids), visit_starts(history.times_ms).tolist())
+                   np.asarray(history.actions[:keep], dtype=np.int64), len(ids),
+                   visit_starts(history.times_ms[: keep + 1]).tolist())
 
     def request(self, items: int, candidates: int, key: int) -> UserRequest:
         """The user's first `items` events as history and the next `candidates` as candidates, on `key`."""

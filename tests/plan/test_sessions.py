@@ -196,3 +196,28 @@ def test_at_1_0_a_warm_step_is_the_same_request_and_a_failed_one_is_not(long_sto
     assert set(fourth.request.user_ids.tolist()).isdisjoint(third.request.user_ids.tolist())
     at_zero = [source.next_step(0.0, 4) for _ in range(2)]
     assert at_zero[0].request is not at_zero[1].request
+
+
+def test_a_fresh_history_ends_where_the_next_visit_of_the_users_whole_log_ends_or_at_the_limit(long_store):
+    """Visit boundaries worked out here from each user's whole log (a gap of 60 s or more), though a
+    slot reads only the times its requests can reach: at hit ratio 0 each request of a slot's user
+    is a fresh key whose history ends at the first boundary past the previous one, or at the most
+    the user can send."""
+    store = SequenceStore.open(long_store)
+    limits = Limits(max_history=256)
+    source = SessionSource(store, Dealer(usable_users(store, 16)), KeyAllocator(0, 0, nonce=1), 16, limits)
+    cap, last, checked = limits.history_cap(4, 16), {}, 0
+    for _ in range(200):
+        step = source.next_step(0.0, 4)
+        for u in step.request.users():
+            times = np.asarray(store.user(store.index_of(u.user_id)).times_ms, dtype=np.int64)
+            boundaries = np.flatnonzero(np.diff(times) >= 60_000) + 1
+            before = last.get(u.user_id, 0)
+            if u.history_length <= before:  # the user taken again, from its start
+                before = 0
+            later = boundaries[boundaries > before]
+            expected = min(int(later[0]) if len(later) else len(times), min(len(times) - 16, cap))
+            assert u.history_length == expected, (u.user_id, before, u.history_length, expected)
+            last[u.user_id], checked = u.history_length, checked + 1
+        source.settle(step, True)
+    assert checked == 800
