@@ -75,6 +75,13 @@ def piece_shard(store: str, args, count: int) -> dict:
     return {"visits": len(trace)}
 
 
+def label(store: str) -> str:
+    """A store's name for the files of its runs: its folder and the one above (stores are often
+    all called `store`)."""
+    path = Path(store).resolve()
+    return f"{path.parent.name}-{path.name}"
+
+
 def piece_capacity(store: str, args) -> dict:
     """`capacity natural` end to end, as a user runs it: the curve picks the budgets, each is served
     by a fresh built-in target and replayed naturally by Locust. Beside its wall time: the peak RSS
@@ -83,12 +90,12 @@ def piece_capacity(store: str, args) -> dict:
     from bench.harness import MemoryPeaks
     from hstu_replay.process import Child
 
-    out = args.work / f"capacity-{Path(store).name}"
+    out = args.work / f"capacity-{label(store)}"
     command = [sys.executable, "-m", "hstu_replay.cli", "capacity", "natural", "--store", store,
                "--repository", args.repository, "--slo-p99-ms", "2000", "--request-rate", str(CAPACITY_RATE),
                "--curve-ratios", "0.5,0.9", "--step-seconds", "20", "--warmup-seconds", "5", "--users", "2",
                "--max-history", str(CAPACITY_HISTORY), "--serve-args", "--threads 1", "--out", str(out)]
-    child = Child(command, args.work / f"capacity-{Path(store).name}.log", name="capacity natural", cwd=ROOT)
+    child = Child(command, args.work / f"capacity-{label(store)}.log", name="capacity natural", cwd=ROOT)
     child.start()
     try:
         peaks = MemoryPeaks(child.pid)
@@ -113,13 +120,13 @@ def piece_worker(store: str, args) -> dict:
     from bench import harness
     from hstu_replay.interface import KVCACHE
 
-    server = harness.start_null(KVCACHE, args.work / f"worker-null-{Path(store).name}.log")
+    server = harness.start_null(KVCACHE, args.work / f"worker-null-{label(store)}.log")
     try:
         command = harness.workload_command(server.grpc_url, "grpc", ["--workload", "sessions", "--store", store,
                                                                      "--hit-ratios", "0.5"],
-                                           args.work / f"worker-report-{Path(store).name}", WORKER_SECONDS,
+                                           args.work / f"worker-report-{label(store)}", WORKER_SECONDS,
                                            users=WORKER_USERS)
-        child = harness.client(command, args.work / f"worker-{Path(store).name}.log")
+        child = harness.client(command, args.work / f"worker-{label(store)}.log")
         try:
             peaks = harness.MemoryPeaks(child.pid)
             child.wait(WORKER_SECONDS + 60, SAMPLE_S, peaks.sample)
@@ -127,7 +134,7 @@ def piece_worker(store: str, args) -> dict:
             child.stop()
     finally:
         server.stop()
-    requests = harness.report_bin(args.work / f"worker-report-{Path(store).name}")["requests"]
+    requests = harness.report_bin(args.work / f"worker-report-{label(store)}")["requests"]
     return {"worker_rss_mb": peaks.process_mib, "worker_anon_mb": peaks.process_anon_mib, "requests": requests}
 
 
@@ -200,7 +207,7 @@ def main() -> int:
             if "budget_90" in r:
                 need = "none" if r["budget_90"] is None else f"{r['budget_90']:,}"
                 extra += f"; 90% from {need} tokens; {r['ratio_at_pool']} at the published pool"
-            rows.append([name, Path(store).name, growth, f"{r['seconds']:.1f}", f"{r['seconds'] / reference['seconds']:.2f}",
+            rows.append([name, label(store), growth, f"{r['seconds']:.1f}", f"{r['seconds'] / reference['seconds']:.2f}",
                          f"{r['peak_rss_mb']:,.0f}", f"{r['peak_rss_mb'] / reference['peak_rss_mb']:.2f}", extra])
     print()
     print(f"`{this_command()}`")
