@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -42,6 +43,23 @@ def stop_server(server: ServerProcess) -> int | None:
 def assert_nothing_left(server: ServerProcess) -> None:
     """No process the server started (tritonserver, backend stubs) and none of its ports outlives it."""
     stop_server(server)
+
+
+def sigint_as_in_a_terminal() -> None:
+    """Ctrl-C as a shell's foreground job has it (the default: KeyboardInterrupt). A test run started
+    in the background (`nohup`, `&`) inherits SIGINT ignored, and so would every child it starts;
+    the tests that press Ctrl-C restore it, in the child (`preexec_fn`) or around the test."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture
+def foreground_sigint() -> Iterator[None]:
+    """This process's Ctrl-C raises KeyboardInterrupt for the test, whatever the runner inherited."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:

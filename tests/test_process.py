@@ -81,7 +81,8 @@ def test_a_server_is_started_waited_for_and_stopped_with_nothing_left(tmp_path):
     assert port_free(ports.http) and server.process.pid in server.family
 
 
-def test_ctrl_c_in_the_middle_of_the_start_still_leaves_a_server_that_can_be_stopped(tmp_path, monkeypatch):
+def test_ctrl_c_in_the_middle_of_the_start_still_leaves_a_server_that_can_be_stopped(tmp_path, monkeypatch,
+                                                                                    foreground_sigint):
     """The interrupt lands inside `Popen`, after the child exists: it is raised once the child is kept."""
     popen = subprocess.Popen
 

@@ -24,6 +24,7 @@ from hstu_replay.dumps.reader import read_dump
 from hstu_replay.flow.l0 import MARKER, hit_warnings
 import hstu_replay.cpp_replay.replay as cpp_replay
 from hstu_replay.process import free_ports, port_free
+from tests.conftest import sigint_as_in_a_terminal
 from tests.kernel import running  # the kernel's view, not the teardown's psutil
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -208,7 +209,8 @@ def test_ctrl_c_tears_the_server_down(tmp_path, compiled_repository, moment):
     warm-up answered."""
     out = tmp_path / "l0"
     flow = subprocess.Popen([*FLOW, "--out", str(out), "--export-from", str(compiled_repository), "--device", "cpu",
-                             "--pause", "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                             "--pause", "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            preexec_fn=sigint_as_in_a_terminal)
     watched = out / ("logs/server.log" if moment == "serve" else "client.jsonl")
     try:
         deadline = time.monotonic() + 300

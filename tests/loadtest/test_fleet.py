@@ -295,9 +295,11 @@ def test_two_reference_servers_answer_right_at_the_target(triton_server, second_
                         "--dump-dir", str(reference_dumps), "--hit-ratios", "0,0.9", "--batch-sizes", "8",
                         "--stage-seconds", "3", "--warmup-seconds", "0.5", "--max-history", "256",
                         "--max-mismatches", "0", "--max-loop-lag-ms", "1000")  # two servers and Locust share 2 cores:
-    # the answers and the ratio are checked here, not whether the client kept up
-    assert result.returncode == 0, result.stderr[-3000:]
+    # the answers and the ratio are checked here, not whether the client kept up, nor whether one of
+    # the two CPU servers ran slower than the other (the hot-shard flag: tests/report, tests/loadtest)
     report = result.report
+    assert result.returncode in (0, 3), result.stderr[-3000:]
+    assert all("is hot-shard" in v for v in report["thresholds"]["violations"]), report["thresholds"]
     assert report["verification"]["verified"] > 0 and report["verification"]["mismatches"] == 0
     for stage in report["fleet"]["stages"]:
         mean = [s for s in report["stages"] if s["name"] == stage["name"]][0]["mean_history_tokens"]
