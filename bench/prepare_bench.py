@@ -60,14 +60,18 @@ def in_memory(raw: Path, out: Path, memory_gb: float) -> None:
     prepare(raw, out)
 
 
+def events_sql(files) -> list[str]:
+    """One SELECT per standard log: its rows in file order (`file`, `row`), the action bitmask, the period."""
+    bitmask = " + ".join(f"(CASE WHEN {name} <> 0 THEN {weight} ELSE 0 END)" for name, weight in ACTION_BITS)
+    return [f"SELECT user_id, video_id, time_ms, ({bitmask})::UTINYINT AS action, {period} AS period, "
+            f"{k} AS file, row_number() OVER () AS row FROM read_csv('{path}', header = true)"
+            for k, (period, path) in enumerate(files.logs)]
+
+
 def duckdb_sql(files, out: Path, memory_gb: float, work: Path) -> str:
     """NVIDIA's recipe in one DuckDB statement: per file the rows in file order, users in both
     periods, lists ordered by time (ties: file order), the user features' first-appearance codes."""
-    bitmask = " + ".join(f"(CASE WHEN {name} <> 0 THEN {weight} ELSE 0 END)" for name, weight in ACTION_BITS)
-    parts = []
-    for k, (period, path) in enumerate(files.logs):
-        parts.append(f"SELECT user_id, video_id, time_ms, ({bitmask})::UTINYINT AS action, {period} AS period, "
-                     f"{k} AS file, row_number() OVER () AS row FROM read_csv('{path}', header = true)")
+    parts = events_sql(files)
     codes = [f"c{i} AS (SELECT v, row_number() OVER (ORDER BY min(r)) AS code FROM "
              f"(SELECT {key} AS v, r FROM feat) GROUP BY v)" for i, key in enumerate(CONTEXT_KEYS)]
     order = "ORDER BY time_ms, file, row"
@@ -94,10 +98,7 @@ def duckdb_flat_sql(files, out: Path, memory_gb: float, work: Path) -> str:
     """The same events as `duckdb_sql`, without the per-user lists: one row per event of a kept,
     featured user, sorted by user, time, file and row (the sequences as a sorted table, which is
     the store's arrays): what a DuckDB user turns to when the lists do not fit."""
-    bitmask = " + ".join(f"(CASE WHEN {name} <> 0 THEN {weight} ELSE 0 END)" for name, weight in ACTION_BITS)
-    parts = [f"SELECT user_id, video_id, time_ms, ({bitmask})::UTINYINT AS action, {period} AS period, "
-             f"{k} AS file, row_number() OVER () AS row FROM read_csv('{path}', header = true)"
-             for k, (period, path) in enumerate(files.logs)]
+    parts = events_sql(files)
     return f"""
         SET memory_limit = '{memory_gb}GB'; SET threads = 2; SET temp_directory = '{work}';
         COPY (
@@ -111,24 +112,23 @@ def duckdb_flat_sql(files, out: Path, memory_gb: float, work: Path) -> str:
     """
 
 
-def duckdb_flat(raw: Path, out: Path, memory_gb: float) -> None:
+def run_duckdb(sql_of, raw: Path, out: Path, memory_gb: float) -> None:
+    """One statement of `sql_of` over the raw folder's standard logs, spilling beside `out`."""
     import duckdb as db
 
     from hstu_replay.data.bounded import find_raw_files
 
     work = out.with_suffix(".spill")
     work.mkdir(parents=True, exist_ok=True)
-    db.connect().execute(duckdb_flat_sql(find_raw_files(raw, include_random=False), out, memory_gb, work))
+    db.connect().execute(sql_of(find_raw_files(raw, include_random=False), out, memory_gb, work))
 
 
 def duckdb(raw: Path, out: Path, memory_gb: float) -> None:
-    import duckdb as db
+    run_duckdb(duckdb_sql, raw, out, memory_gb)
 
-    from hstu_replay.data.bounded import find_raw_files
 
-    work = out.with_suffix(".spill")
-    work.mkdir(parents=True, exist_ok=True)
-    db.connect().execute(duckdb_sql(find_raw_files(raw, include_random=False), out, memory_gb, work))
+def duckdb_flat(raw: Path, out: Path, memory_gb: float) -> None:
+    run_duckdb(duckdb_flat_sql, raw, out, memory_gb)
 
 
 def pandas_prepare(raw: Path):
