@@ -6,7 +6,8 @@
 #                 machine's Python environment
 #   env           the machine, its Python packages and tools
 #   aoti-check    compile and load a tiny AOTInductor package in one process (bench/gpu_aoti_check.py)
-#   gpu-tests     the unit tests that need a GPU (CUDA graphs against eager, the batched-aoti package against eager)
+#   gpu-tests     the unit tests that need a GPU (CUDA graphs against eager, the batched-aoti package against eager,
+#                 the C++ backend's kernel and CUDA graphs against eager)
 #   protocol      NVIDIA's protocol against the batched engine, 3 and 8 layers (bench/gpu_protocol.sh)
 #   protocol-eager the same with the batched engine's CUDA graphs off (HSTU_REPLAY_CUDA_GRAPHS=0)
 #   protocol-pyt  the same behind PyTriton (the baseline), 3 layers
@@ -15,10 +16,15 @@
 #   cpp-build     build our C++ Triton backend (cpp/backend) against the machine's torch
 #   protocol-cpp  NVIDIA's protocol against that backend serving the batched step (CPP_CONFIGS, default 3 and 8
 #                 layers)
+#   attention-tune the attention kernel's launches on the protocol's cold and cached shapes, and the eager
+#                 step's time (bench/gpu_attention_tune.py)
 #   profile       where a served batch-8 request's time goes (bench/gpu_serving_profile.py), Python backend
 #                 with CUDA graphs and without; the backend's phase lines (HSTU_REPLAY_BACKEND_PHASES)
+#   profile-cpp   the same against our C++ backend, on the package protocol-cpp compiled (else compiled here)
 #   locust        our Locust sweep (bench/gpu_locust.sh; SERVE_ARGS as for protocol)
-#   flow          `hstu-replay flow l0 --config kuairand-1k` on the GPU
+#   locust-cpp    the same against our C++ backend, on the package protocol-cpp compiled
+#   flow          `hstu-replay flow l0 --config kuairand-1k` on the GPU (FLOW_ARGS: more options, e.g.
+#                 "--frontend cpp-backend")
 #   scale-out     `python -m bench.scale_out --workers 1,2,4,8`, 600 req/s each, against a do-nothing
 #                 Python-backend model on the bundled tritonserver (INVALID rows: exit 1)
 # (DEVICE=cpu bash bench/gpu_session.sh runs/x env:30 aoti-check:300: the CPU-runnable steps here)
@@ -45,9 +51,9 @@ step_protocol_eager() {  # EAGER_CONFIGS: the configs (default: protocol's)
     HSTU_REPLAY_CUDA_GRAPHS=0 CONFIGS=${EAGER_CONFIGS:-${CONFIGS:-kuairand-1k kuairand-1k-8l}} SERVE_ARGS="$NATIVE" \
         bash bench/gpu_protocol.sh "$OUT/protocol-eager" "${USERS:-128}" 1
 }
-step_gpu_tests() {
-    $PY -m pytest -q -s -p no:cacheprovider tests/server/test_step_graphs.py tests/server/test_batched_step.py \
-        tests/server/test_cpp_backend.py -k gpu
+step_gpu_tests() {  # GPU_TESTS: the test files (default: all three)
+    $PY -m pytest -q -s -p no:cacheprovider \
+        ${GPU_TESTS:-tests/server/test_step_graphs.py tests/server/test_batched_step.py tests/server/test_cpp_backend.py} -k gpu
 }
 step_protocol_baot() {
     ENGINE=batched-aoti CONFIGS=${BAOT_CONFIGS:-kuairand-1k} SERVE_ARGS="$NATIVE" \
@@ -66,30 +72,42 @@ step_protocol_aoti() {  # not where aoti-check (when run before) loaded no packa
         { echo "skipped: no GPU package loaded in aoti-check"; return 1; }
     ENGINE=aoti CONFIGS=kuairand-1k SERVE_ARGS="$NATIVE" bash bench/gpu_protocol.sh "$OUT/protocol-aoti" "${USERS:-128}" 1
 }
-step_profile() {  # the Python-backend frontend with CUDA graphs, then without; phase lines in the server logs
-    local cfg=${PROFILE_CONFIG:-kuairand-1k} H G M C server variant
+profile_variants() {  # LABEL SERVE_OPTIONS...: the server with CUDA graphs, then without; phase lines from its log
+    local label=$1 cfg=${PROFILE_CONFIG:-kuairand-1k} H G M C server variant
+    shift
     for variant in graphs eager; do
         export HSTU_REPLAY_CUDA_GRAPHS=$( [ $variant = graphs ] && echo 1 || echo 0 )
         export HSTU_REPLAY_BACKEND_PHASES=4  # the warm-up's 4 calls, then cold and cached calls apart
         read -r H G M C < <($PY -c "from hstu_replay.process import free_ports; print(*free_ports(4))")
-        $PY -m hstu_replay.cli server serve --engine batched --config "$cfg" --dtype "${DTYPE:-bfloat16}" \
-            --device "$DEVICE" $NATIVE --http-port "$H" --grpc-port "$G" --metrics-port "$M" \
-            --cache-metrics-port "$C" >"$OUT/profile-$variant.log" 2>&1 &
+        $PY -m hstu_replay.cli server serve --config "$cfg" --dtype "${DTYPE:-bfloat16}" --device "$DEVICE" "$@" \
+            --http-port "$H" --grpc-port "$G" --metrics-port "$M" --cache-metrics-port "$C" \
+            >"$OUT/$label-$variant.log" 2>&1 &
         server=$!
-        $PY -m hstu_replay.cli server wait --http-port "$H" --pid $server --log "$OUT/profile-$variant.log" \
-            --timeout 180 && echo "== profile, Python backend, CUDA graphs $variant" &&
+        $PY -m hstu_replay.cli server wait --http-port "$H" --pid $server --log "$OUT/$label-$variant.log" \
+            --timeout 240 && echo "== $label, CUDA graphs $variant" &&
             $PY -m bench.gpu_serving_profile --grpc-port "$G" --http-port "$H" --config "$cfg" --device "$DEVICE" \
                 --dtype "${DTYPE:-bfloat16}" --history "${HISTORY:-4096}" --candidates "${CANDIDATES:-100}" \
-                --calls "${CALLS:-12}" --out "$OUT/profile-$variant"
+                --calls "${CALLS:-12}" --out "$OUT/$label-$variant"
         kill -INT $server; wait $server
-        grep "^phases" "$OUT/profile-$variant.log"
+        grep -E "^phases|CUDA graphs off" "$OUT/$label-$variant.log"
     done
 }
+export -f profile_variants
+step_profile() { profile_variants profile --engine batched $NATIVE; }
+step_profile_cpp() {
+    profile_variants profile-cpp --engine batched-aoti --frontend cpp-backend \
+        --repository "$OUT/protocol-cpp/repository-${PROFILE_CONFIG:-kuairand-1k}"
+}
+step_attention_tune() { $PY -m bench.gpu_attention_tune --out "$OUT/attention-tune"; }
 step_locust() { SERVE_ARGS="$NATIVE" bash bench/gpu_locust.sh "$OUT/locust"; }
+step_locust_cpp() {
+    ENGINE=batched-aoti SERVE_ARGS="--frontend cpp-backend --repository $OUT/protocol-cpp/repository-kuairand-1k" \
+        bash bench/gpu_locust.sh "$OUT/locust-cpp"
+}
 step_flow() {  # reuses the repository protocol-aoti compiled, where there is one
     local from=$OUT/protocol-aoti/repository-kuairand-1k
     $PY -m hstu_replay.cli flow l0 --out "$OUT/flow" --config "${FLOW_CONFIG:-kuairand-1k}" --device "$DEVICE" \
-        $( [ -f "$from/hstu_target.json" ] && echo --export-from "$from" )
+        $( [ -f "$from/hstu_target.json" ] && echo --export-from "$from" ) ${FLOW_ARGS:-}
 }
 step_scale_out() {
     $PY -m bench.scale_out --workers "${WORKERS:-1,2,4,8}" --instances "${INSTANCES:-16}" \

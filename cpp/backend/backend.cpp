@@ -164,12 +164,23 @@ void add_int64s(TRITONBACKEND_Response* response, const std::string& name, const
 }
 
 void answer_ranking(ModelState& state, TRITONBACKEND_Request* request, TRITONBACKEND_Response* response) {
+  hstu::PhaseClock& clock = state.engine->clock;
+  const auto call = clock.call();
   std::map<std::string, InputData> data;
-  for (const auto& [field, name] : state.interface.inputs) read_input(request, field, name, data[field]);
-  auto view = [&](const char* field) { return data.count(field) ? data[field].view : hstu::Int64s{}; };
-  const auto users = hstu::split_request(view("values"), view("lengths"), view("num_candidates"), view("user_ids"),
-                                         view("total_history_lengths"), state.engine->limits());
-  const hstu::Answer answer = state.engine->infer(users);
+  std::vector<hstu::UserView> users;
+  {
+    const auto timed = clock.phase("inputs");
+    for (const auto& [field, name] : state.interface.inputs) read_input(request, field, name, data[field]);
+    auto view = [&](const char* field) { return data.count(field) ? data[field].view : hstu::Int64s{}; };
+    users = hstu::split_request(view("values"), view("lengths"), view("num_candidates"), view("user_ids"),
+                                view("total_history_lengths"), state.engine->limits());
+  }
+  hstu::Answer answer;
+  {
+    const auto timed = clock.phase("engine");
+    answer = state.engine->infer(users);
+  }
+  const auto timed = clock.phase("outputs");
   add_output(response, state.interface.logits, TRITONSERVER_TYPE_FP32, {answer.logits.size(0), 8},
              answer.logits.data_ptr<float>(), answer.logits.numel() * sizeof(float));
   if (state.interface.cache_outputs) {
@@ -256,7 +267,7 @@ std::unique_ptr<ModelState> load(TRITONBACKEND_Model* model) {
                                 params.integer("max_candidates")},
                                dtype_named(params.text("dtype"))};
   const int64_t budget = state->role == "cached" ? params.integer("cache_budget_tokens") : 0;
-  state->engine = std::make_shared<hstu::Engine>(package, shape, budget, params.integer("page_tokens"));
+  state->engine = std::make_shared<hstu::Engine>(package, shape, budget, params.integer("page_tokens"), state->name);
   if (state->role == "cached") {
     std::lock_guard<std::mutex> hold(registry_lock);
     cached_engines[state->name] = state->engine;

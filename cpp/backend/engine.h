@@ -12,6 +12,7 @@
 
 #include "jagged_request.h"
 #include "paged_pool.h"
+#include "phases.h"
 
 namespace torch::inductor {
 class AOTIModelPackageLoader;
@@ -30,15 +31,21 @@ struct Answer {
   std::vector<int64_t> cached;    // tokens reused, per user
 };
 
+class StepGraphs;
+
 class Engine {
  public:
-  Engine(const std::string& package, const ModelShape& shape, int64_t budget_tokens, int64_t page_tokens);
+  // `label`: the model's name, in its phase lines.
+  Engine(const std::string& package, const ModelShape& shape, int64_t budget_tokens, int64_t page_tokens,
+         const std::string& label);
   ~Engine();
 
   Answer infer(const std::vector<UserView>& users);
   void clear();
   std::map<std::string, int64_t> stats();
   const Limits& limits() const { return shape_.limits; }
+
+  PhaseClock clock;  // the model's calls, phase by phase (the backend times its own parts on it too)
 
  private:
   at::Tensor forward(const std::vector<UserView>& users, const std::vector<UserPages>& placed);
@@ -47,6 +54,7 @@ class Engine {
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
   at::Device device_;
   std::unique_ptr<PagedPool> pool_;
+  std::unique_ptr<StepGraphs> graphs_;  // none: every step runs its kernels one by one
   std::mutex lock_;
 };
 

@@ -60,6 +60,7 @@ void PagedPool::grow(int64_t to_pages) {
   grown[1].narrow(1, 0, pool_v.size(1)).copy_(pool_v);
   pool_k = grown[0];
   pool_v = grown[1];
+  ++generation_;
   std::vector<int64_t> fresh;  // under the free ones: used after them
   for (int64_t page = to_pages - 1; page >= old; --page) fresh.push_back(page);
   free_.insert(free_.begin(), fresh.begin(), fresh.end());

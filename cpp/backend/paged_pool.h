@@ -50,6 +50,8 @@ class PagedPool {
 
   at::Tensor pool_k, pool_v;  // [layers, slots, heads, head_dim]
   int64_t page_tokens() const { return shape_.page_tokens; }
+  // Bumped each time the pool is reallocated: what holds its addresses (a CUDA graph) is stale then.
+  int64_t generation() const { return generation_; }
 
  private:
   int64_t allocated_pages() const { return pool_k.size(1) / shape_.page_tokens; }
@@ -64,6 +66,7 @@ class PagedPool {
   std::unordered_map<int64_t, std::vector<int64_t>> pages_;
   std::vector<int64_t> free_;  // a stack of allocated free pages: low pages on top
   Counters counters_;
+  int64_t generation_ = 0;
 };
 
 }  // namespace hstu

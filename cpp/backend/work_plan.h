@@ -2,13 +2,15 @@
 // WorkPlan.plan lays them out: one row (user, first row, rows, position of the first row,
 // position step, first key, key end) per block of BLOCK_M query rows, history blocks of every
 // user first, then candidate blocks; keys split into chunks when the blocks alone would give
-// too few programs; longest first.
+// too few programs; longest first. `capacity` is the most items a plan of the same blocks can
+// have whatever its users' lengths (WorkPlan.capacity): what a CUDA graph's items are padded to.
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 namespace hstu {
@@ -21,8 +23,13 @@ constexpr int64_t kItemFields = 7;
 using WorkItem = std::array<int64_t, kItemFields>;
 enum Field { kUser, kRow0, kRows, kPos0, kStep, kKey0, kKeyEnd };
 
-inline std::vector<WorkItem> plan_work(const std::vector<int64_t>& past, const std::vector<int64_t>& n_hist,
-                                       const std::vector<int64_t>& n_cand, int64_t heads) {
+struct WorkPlan {
+  std::vector<WorkItem> items;
+  int64_t capacity;
+};
+
+inline WorkPlan plan_work(const std::vector<int64_t>& past, const std::vector<int64_t>& n_hist,
+                          const std::vector<int64_t>& n_cand, int64_t heads) {
   const size_t users = past.size();
   std::vector<WorkItem> items;
   int64_t row = 0;
@@ -46,7 +53,9 @@ inline std::vector<WorkItem> plan_work(const std::vector<int64_t>& past, const s
     item[kKeyEnd] = std::min(item[kKeyEnd], item[kPos0] + item[kStep] * (item[kRows] - 1) + 1);
   }
   const int64_t programs = int64_t(items.size()) * heads;
-  if (programs > 0 && programs < kMinPrograms) {
+  const bool split = programs > 0 && programs < kMinPrograms;
+  const int64_t capacity = int64_t(items.size()) + (split ? kMinPrograms / heads : 0);
+  if (split) {
     int64_t total_keys = 0;
     for (const auto& item : items) total_keys += item[kKeyEnd];
     int64_t chunk = std::max(4 * kBlockN, (total_keys * heads + kMinPrograms - 1) / kMinPrograms);
@@ -66,7 +75,7 @@ inline std::vector<WorkItem> plan_work(const std::vector<int64_t>& past, const s
   std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) {
     return a[kKeyEnd] - a[kKey0] > b[kKeyEnd] - b[kKey0];
   });
-  return items;
+  return {std::move(items), capacity};
 }
 
 }  // namespace hstu

@@ -160,11 +160,14 @@ def _quiet():
             lg.setLevel(level)
 
 
-def _loader(path: str | os.PathLike):
+def _loader(path: str | os.PathLike, single_threaded: bool = False):
+    """`single_threaded`: for a caller that never runs it from two threads at once; the runner then
+    records no CUDA event per call, and its calls can be captured in a CUDA graph (an event query
+    inside a capture is refused: "operation not permitted when stream is capturing")."""
     if not Path(path).is_file():
         raise InputError(f"{path}: no AOTInductor package there")
     try:
-        return torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+        return torch._C._aoti.AOTIModelPackageLoader(str(path), "model", single_threaded, 1, -1)
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"{path}: cannot load the AOTInductor package ({first})") from None
@@ -204,11 +207,12 @@ class NoCachePackage:
 
 class BatchedStepPackage:
     """A loaded batched-step package behind `BatchedStep`'s call (its `split` is not needed: the
-    package's attention adds partial sums whatever the plan)."""
+    package's attention adds partial sums whatever the plan). Its caller, the batched engine, runs
+    one call at a time (under its lock)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        self._loader = _loader(path)
+        self._loader = _loader(path, single_threaded=True)
 
     def __call__(self, ids: Tensor, kinds: Tensor, positions: Tensor, page_table: Tensor, items: Tensor, slots: Tensor,
                  pool_k: Tensor, pool_v: Tensor, split: bool = True) -> Tensor:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from hstu_replay.server.paged_attention import BLOCK_M, BLOCK_N, reference_attention
+from hstu_replay.server.paged_attention import LAUNCH, reference_attention
 
 Attention = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -41,14 +41,9 @@ def _triton_op():
     @triton_op("hstu_replay::paged_attention_triton", mutates_args=())
     def op(q: Tensor, k: Tensor, v: Tensor, pool_k: Tensor, pool_v: Tensor, page_table: Tensor, items: Tensor,
            page_tokens: int, normaliser: float) -> Tensor:
-        tokens, heads, head_dim = q.shape
-        out = torch.zeros((tokens, heads, head_dim), dtype=torch.float32, device=q.device)
-        wrap_triton(hstu_paged_attention)[(items.shape[0], heads)](
-            q, k, v, pool_k, pool_v, out, items, page_table,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), pool_k.stride(0), pool_k.stride(1),
-            out.stride(0), out.stride(1), page_table.stride(0), 1.0 / normaliser,
-            PAGE=page_tokens, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, SPLIT=True,
-            FAST_SILU=True, num_warps=8, num_stages=3 if q.element_size() == 2 else 1)
+        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        LAUNCH(wrap_triton(hstu_paged_attention), q, k, v, pool_k, pool_v, out, items, page_table, page_tokens,
+               normaliser, True)
         return out.to(q.dtype)
 
     return op

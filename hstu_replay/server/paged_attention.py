@@ -41,7 +41,7 @@ class WorkPlan:
 
     @classmethod
     def plan(cls, past: np.ndarray, n_hist: np.ndarray, n_cand: np.ndarray, heads: int,
-             block_m: int = BLOCK_M, min_programs: int = MIN_PROGRAMS) -> WorkPlan:
+             block_m: int = BLOCK_M, min_programs: int = MIN_PROGRAMS, block_n: int = BLOCK_N) -> WorkPlan:
         """Items for users with `past` cached, `n_hist` new history tokens and `n_cand` candidates."""
         past, n_hist, n_cand = (np.asarray(a, dtype=np.int64) for a in (past, n_hist, n_cand))
         kv_len = past + n_hist
@@ -67,17 +67,18 @@ class WorkPlan:
         split = 0 < len(items) * heads < min_programs
         capacity = len(items) + (min_programs // heads if split else 0)
         if split:
-            items = _split_keys(items, heads, min_programs)
+            items = _split_keys(items, heads, min_programs, block_n)
         # longest first, so the GPU's last wave is made of short ones
         work = items[:, _KEY_END] - items[:, _KEY0]
         return cls(np.ascontiguousarray(items[np.argsort(-work, kind="stable")], dtype=np.int32), split, capacity)
 
 
-def _split_keys(items: np.ndarray, heads: int, min_programs: int) -> np.ndarray:
-    """Cut each item's keys into chunks (multiples of BLOCK_N) so that about `min_programs` programs run."""
+def _split_keys(items: np.ndarray, heads: int, min_programs: int, block_n: int) -> np.ndarray:
+    """Cut each item's keys into chunks (multiples of the kernel's `block_n`) so that about `min_programs`
+    programs run."""
     total_keys = int(items[:, _KEY_END].sum())
-    chunk = max(4 * BLOCK_N, -(-total_keys * heads // min_programs))
-    chunk = -(-chunk // BLOCK_N) * BLOCK_N
+    chunk = max(4 * block_n, -(-total_keys * heads // min_programs))
+    chunk = -(-chunk // block_n) * block_n
     pieces = np.maximum(1, -(-items[:, _KEY_END] // chunk))
     out = np.repeat(items, pieces, axis=0)
     out[:, _KEY0] = _index_in_group(pieces) * chunk
@@ -90,13 +91,42 @@ def _index_in_group(counts: np.ndarray) -> np.ndarray:
     return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
+@dataclass(frozen=True)
+class KernelLaunch:
+    """How the Triton kernel is launched: its tiles (the plans must be cut to the same: `WorkPlan.plan`'s
+    block_m and block_n) and its pipeline. `LAUNCH` is the one every engine and package uses."""
+
+    block_m: int = BLOCK_M
+    block_n: int = BLOCK_N
+    num_warps: int = 8
+    num_stages: int = 3  # on a GPU in 16 bits; 1 otherwise
+
+    def __call__(self, kernel, q: Tensor, k: Tensor, v: Tensor, pool_k: Tensor, pool_v: Tensor, out: Tensor,
+                 items: Tensor, page_table: Tensor, page_tokens: int, normaliser: float, split: bool) -> None:
+        """`kernel`: `attention_kernel.hstu_paged_attention`, or that wrapped for a `triton_op`."""
+        heads, head_dim = q.shape[1:]
+        kernel[(items.shape[0], heads)](
+            q, k, v, pool_k, pool_v, out, items, page_table,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), pool_k.stride(0), pool_k.stride(1), out.stride(0),
+            out.stride(1), page_table.stride(0), 1.0 / normaliser,
+            PAGE=page_tokens, BLOCK_M=self.block_m, BLOCK_N=self.block_n, HEAD_DIM=head_dim, SPLIT=split,
+            FAST_SILU=q.is_cuda, num_warps=self.num_warps,
+            num_stages=self.num_stages if q.is_cuda and q.element_size() == 2 else 1)
+
+
+LAUNCH = KernelLaunch()
+
+
 def paged_attention(q: Tensor, k: Tensor, v: Tensor, pool_k: Tensor, pool_v: Tensor, page_table: Tensor,
-                    split: bool, items: Tensor, page_tokens: int, normaliser: float) -> Tensor:
+                    split: bool, items: Tensor, page_tokens: int, normaliser: float,
+                    launch: KernelLaunch | None = None) -> Tensor:
     """q, k, v [T, H, D] the new tokens' (any strides, last contiguous); pool_k/v [slots, H, D];
     page_table int [B, pages]; `items` a `WorkPlan`'s items (any int type; items of no rows do nothing) on
-    q's device and `split` its flag. Returns [T, H, D] in q's dtype."""
+    q's device and `split` its flag; `launch` the kernel's (default `LAUNCH`; the plan cut to its tiles).
+    Returns [T, H, D] in q's dtype."""
     if q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
-        return _triton_attention(q, k, v, pool_k, pool_v, page_table, split, items, page_tokens, normaliser)
+        return _triton_attention(q, k, v, pool_k, pool_v, page_table, split, items, page_tokens, normaliser,
+                                 launch or LAUNCH)
     return reference_attention(q, k, v, pool_k, pool_v, page_table, items, page_tokens, normaliser)
 
 
@@ -118,19 +148,12 @@ def reference_attention(q: Tensor, k_new: Tensor, v_new: Tensor, pool_k: Tensor,
     return (out / normaliser).to(q.dtype)
 
 
-def _triton_attention(q, k, v, pool_k, pool_v, page_table, split, items, page_tokens, normaliser):
+
+def _triton_attention(q, k, v, pool_k, pool_v, page_table, split, items, page_tokens, normaliser, launch):
     from hstu_replay.server.attention_kernel import hstu_paged_attention  # needs triton
 
-    tokens, heads, head_dim = q.shape
     # split: partial sums are added into zeros; otherwise every row is written exactly once
-    out = (torch.zeros if split else torch.empty)((tokens, heads, head_dim), dtype=torch.float32 if split else q.dtype,
-                                                  device=q.device)
+    out = (torch.zeros if split else torch.empty)(q.shape, dtype=torch.float32 if split else q.dtype, device=q.device)
     if items.shape[0]:
-        hstu_paged_attention[(items.shape[0], heads)](
-            q, k, v, pool_k, pool_v, out, items, page_table,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), pool_k.stride(0), pool_k.stride(1), out.stride(0), out.stride(1),
-            page_table.stride(0), 1.0 / normaliser,
-            PAGE=page_tokens, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, SPLIT=split,
-            FAST_SILU=q.is_cuda, num_warps=8, num_stages=3 if q.is_cuda and q.element_size() == 2 else 1,
-        )
+        launch(hstu_paged_attention, q, k, v, pool_k, pool_v, out, items, page_table, page_tokens, normaliser, split)
     return out.to(q.dtype) if split else out

@@ -62,4 +62,5 @@ def test_on_a_gpu_the_package_carries_the_kernel_and_matches_eager(tmp_path):
     for _ in range(2):  # cold, then fully cached (through the CUDA graphs of the package's step)
         got, want = serve(compiled, *users), serve(eager, *users)
         np.testing.assert_allclose(got.logits, want.logits, atol=1e-4, rtol=0)
+    assert compiled.graphs is not None and len(compiled.graphs.graphs) == 1  # captured, not turned off
     print(f"compiled in {info.compile_seconds:.1f} s")

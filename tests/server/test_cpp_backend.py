@@ -150,12 +150,43 @@ def test_logits_cold_partly_and_fully_cached_are_the_eager_models(cpp_server, ea
 
 @pytest.mark.integration
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU package carries the Triton kernel: needs a GPU")
-def test_on_a_gpu_the_backend_serves_the_package_with_its_kernel_and_answers_as_eager(tmp_path, eager):
+def test_on_a_gpu_the_backend_serves_the_package_with_its_kernel_and_answers_as_eager(tmp_path, eager, monkeypatch):
+    monkeypatch.setenv("HSTU_REPLAY_BACKEND_PHASES", "1")  # a phase line per call: it names the path each took
     repository = tmp_path / "repository"  # the small config's batched step compiled for the GPU here (a minute)
     server_log = tmp_path / "server.log"
     for server, _ in serving(repository, server_log, BUDGET_TOKENS, "--device", "cuda"):
         answers_are_the_eager_models(server, eager, 7_500)
+        replayed_graphs_answer_as_eager(server, eager, 7_600)
         assert list(repository.rglob("*cuda*.pt2"))
+    log = server_log.read_text(errors="replace")
+    assert "engine.graph" in log and "CUDA graphs off" not in log, log[-2000:]
+
+
+def replayed_graphs_answer_as_eager(server, eager, base_key: int) -> None:
+    """Fully cached requests replayed as CUDA graphs: two shapes, each captured then replayed, and
+    again after the pool has grown under them (a graph holding the old pool's addresses would read
+    freed memory)."""
+    client = connect(server)
+    try:
+        held = [user(80 + i, 100 + 10 * i, cand=3 + i, key=base_key + i) for i in range(3)]
+        client.infer(build_request(held))
+        shapes = [held, held[:1]]
+        for users in shapes * 2:
+            np.testing.assert_allclose(client.infer(build_request(users)).logits, eager(users),
+                                       atol=DEFAULT_TOLERANCE, rtol=0)
+        before = control_stats(server)["RESIDENT_BYTES"]
+        for batch in range(40):  # users of 120 items (8 pages each) until the pool has grown
+            client.infer(build_request([user(90 + i, 120, key=base_key + 100 + CONFIG.max_batch * batch + i)
+                                        for i in range(CONFIG.max_batch)]))
+            if control_stats(server)["RESIDENT_BYTES"] > before:
+                break
+        assert control_stats(server)["RESIDENT_BYTES"] > before
+        for users in shapes:
+            answer = client.infer(build_request(users))
+            assert answer.cached_tokens.tolist() == [6 + 2 * len(u.history_items) for u in users]
+            np.testing.assert_allclose(answer.logits, eager(users), atol=DEFAULT_TOLERANCE, rtol=0)
+    finally:
+        client.close()
 
 
 @pytest.mark.integration

@@ -1,0 +1,149 @@
+"""The attention kernel's launch (tiles, warps, stages) on NVIDIA's protocol shapes, and its share of a step.
+
+    python -m bench.gpu_attention_tune --out OUT [--config kuairand-1k] [--history 4096] [--candidates 100]
+
+On a GPU, bf16: 8 users of `--history` items (6 + 2 x history tokens) and `--candidates` each, as
+the protocol's batch of 8 sends them: cold (nothing cached: every history token a query) and fully
+cached (the candidates against the pooled keys). For each `KernelLaunch` in the grid: the kernel's
+time (triton.testing.do_bench, median), its useful TFLOP/s (the rows x keys each item really
+visits), and the largest difference of its output from the default launch's (every launch must
+give the same sums). Then the batched engine's whole eager step (`BatchedEngine.step`, the kernel
+inside, `--config`'s layers) on the same shapes, so that the attention's share of a cold step
+shows. Prints a table per shape and writes attention_tune.json under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench.harness import table, this_command
+from hstu_replay.server.model_config import get_config
+from hstu_replay.server.paged_attention import LAUNCH, KernelLaunch, WorkPlan, paged_attention
+
+PAGE_TOKENS = 32
+BATCH = 8
+GRID = [LAUNCH] + [KernelLaunch(m, n, w, s) for m, n, w, s in [
+    (128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 4), (128, 64, 4, 3), (128, 32, 4, 3), (64, 64, 4, 3),
+    (64, 64, 4, 4), (64, 128, 4, 3), (64, 128, 8, 3), (128, 128, 4, 2)] if KernelLaunch(m, n, w, s) != LAUNCH]
+
+
+def case(past: int, n_hist: int, n_cand: int, heads: int, head_dim: int, device, rng) -> dict:
+    """Random q/k/v and a pool holding every user's `past + n_hist` keys, pages shuffled."""
+    kv = past + n_hist
+    pages_each = -(-kv // PAGE_TOKENS)
+    order = torch.from_numpy(rng.permutation(BATCH * pages_each)).to(device)
+    page_table = order.view(BATCH, pages_each).to(torch.int64)
+    slots = BATCH * pages_each * PAGE_TOKENS
+    tokens = BATCH * (n_hist + n_cand)
+
+    def normal(*shape):
+        return torch.randn(*shape, device=device, dtype=torch.bfloat16)
+
+    return dict(q=normal(tokens, heads, head_dim), k=normal(tokens, heads, head_dim), v=normal(tokens, heads, head_dim),
+                pool_k=normal(slots, heads, head_dim), pool_v=normal(slots, heads, head_dim), page_table=page_table,
+                lengths=(np.full(BATCH, past), np.full(BATCH, n_hist), np.full(BATCH, n_cand)))
+
+
+def useful_flops(items: np.ndarray, heads: int, head_dim: int) -> float:
+    """q.k and w.v over the keys each item visits (2 matmuls, 2 flops a multiply-add)."""
+    rows, keys = items[:, 2].astype(np.float64), (items[:, 6] - items[:, 5]).astype(np.float64)
+    return float((rows * keys).sum()) * heads * head_dim * 4
+
+
+def time_launch(launch: KernelLaunch, data: dict, heads: int, normaliser: float, head_dim: int):
+    import triton.testing
+
+    plan = WorkPlan.plan(*data["lengths"], heads, block_m=launch.block_m, block_n=launch.block_n)
+    items = torch.from_numpy(plan.items).to(data["q"].device)
+
+    def call():
+        return paged_attention(data["q"], data["k"], data["v"], data["pool_k"], data["pool_v"], data["page_table"],
+                               plan.split, items, PAGE_TOKENS, normaliser, launch)
+
+    out = call()
+    ms = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median")
+    return ms, useful_flops(plan.items, heads, head_dim) / ms / 1e9, out.float()
+
+
+def time_step(config, data: dict, device) -> float:
+    """The batched engine's eager forward pass on this shape (ms, CUDA events, median of 20)."""
+    from hstu_replay.server.batched import build_batched_engine
+    from hstu_replay.server.model import build_model
+    from hstu_replay.server.step_graphs import StepInputs
+
+    model = build_model(config, 0).to(device=device, dtype=torch.bfloat16)
+    past, n_hist, n_cand = data["lengths"]
+    budget = int(BATCH * (past[0] + n_hist[0])) + 1024
+    engine = build_batched_engine(model, budget, PAGE_TOKENS)
+    plan = WorkPlan.plan(past, n_hist, n_cand, config.num_heads)
+    tokens = int((n_hist + n_cand).sum())
+    pages_each = data["page_table"].shape[1]
+    table = torch.arange(BATCH * pages_each, device=device).view(BATCH, pages_each)
+    hist_pos = torch.cat([torch.arange(int(past[u]), int(past[u] + n_hist[u])) for u in range(BATCH)]).to(device)
+    owner = torch.arange(BATCH, device=device).repeat_interleave(int(n_hist[0]))
+    slots = table[owner, hist_pos // PAGE_TOKENS] * PAGE_TOKENS + hist_pos % PAGE_TOKENS
+    ids = torch.randint(1, 1000, (tokens,), device=device)
+    kinds = torch.full((tokens,), 6, device=device)
+    positions = torch.cat([hist_pos, torch.full((tokens - len(hist_pos),), int(past[0] + n_hist[0]), device=device)])
+    inputs = StepInputs(ids, kinds, positions, table, torch.from_numpy(plan.items).to(device))
+    times = []
+    for _ in range(25):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        engine.step(inputs, plan.split, slots)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return float(np.median(times[5:]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--config", default="kuairand-1k")
+    parser.add_argument("--history", type=int, default=4096)
+    parser.add_argument("--candidates", type=int, default=100)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_attention_tune: needs a GPU", file=sys.stderr)
+        return 2
+    config, device, rng = get_config(args.config), torch.device("cuda"), np.random.default_rng(0)
+    tokens = 6 + 2 * args.history
+    shapes = {"cold": (0, tokens, args.candidates), "fully cached": (tokens, 0, args.candidates)}
+    result = {"command": this_command(), "device": torch.cuda.get_device_name(), "shapes": {}}
+    for name, (past, n_hist, n_cand) in shapes.items():
+        data = case(past, n_hist, n_cand, config.num_heads, config.head_dim, device, rng)
+        rows, reference = [], None
+        for launch in GRID:
+            try:
+                ms, tflops, out = time_launch(launch, data, config.num_heads, config.attn_normaliser, config.head_dim)
+            except Exception as exc:  # a launch the compiler or the device refuses (shared memory, registers)
+                rows.append({**asdict(launch), "error": str(exc).splitlines()[0][:160]})
+                continue
+            reference = out if reference is None else reference
+            rows.append({**asdict(launch), "ms": ms, "tflops": tflops,
+                         "max_diff": float((out - reference).abs().max())})
+        try:
+            step = f"{time_step(config, data, device):.3f} ms"
+        except Exception as exc:  # the table above still stands
+            step = f"failed: {str(exc).splitlines()[0][:160]}"
+        result["shapes"][name] = {"launches": rows, "step": step, "layers": config.num_layers}
+        print(f"== {name}: {BATCH} users, past {past}, new history {n_hist}, candidates {n_cand}; "
+              f"eager step ({config.num_layers} layers, default launch) {step}")
+        print(table(["block_m", "block_n", "warps", "stages", "ms", "TFLOP/s", "max diff", "error"],
+                    [[r["block_m"], r["block_n"], r["num_warps"], r["num_stages"], r.get("ms", ""),
+                      r.get("tflops", ""), r.get("max_diff", ""), r.get("error", "")] for r in rows]))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "attention_tune.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
