@@ -2,7 +2,8 @@
 # Our Locust tool against the batched target on a GPU, through a real tritonserver (127.0.0.1):
 # synthetic KuaiRand-1K sessions, full-length histories, batch 8, hit ratios 0..1.
 #   bash bench/gpu_locust.sh OUT_DIR [CONFIG]
-# (DEVICE=cpu HISTORY=256 CANDIDATES=32 bash bench/gpu_locust.sh runs/x small: the same on a CPU)
+# (DEVICE=cpu HISTORY=256 CANDIDATES=32 bash bench/gpu_locust.sh runs/x small: the same on a CPU; STAGE_SECONDS: each
+# stage's length, default 6)
 # SERVE_ARGS adds options to `server serve` (e.g. "--frontend python-backend"); ENGINE names its engine
 # (default batched; batched-aoti for "--frontend cpp-backend").
 set -uo pipefail
@@ -24,5 +25,5 @@ $PY -m hstu_replay.cli server wait --http-port 18000 --pid $SERVER --log "$OUT/s
 $PY -m locust -f locustfiles/hstu.py --headless --only-summary -u 1 -r 1 \
     --triton-url 127.0.0.1:18001 --workload sessions --store "$OUT/store" --candidates "$CANDIDATES" \
     --max-history "$HISTORY" --max-values 70000 --hit-ratios 0,0.25,0.5,0.75,0.9,1.0 --batch-sizes 1,8 \
-    --stage-seconds 6 --warmup-seconds 2 --report-dir "$OUT/report" --loglevel WARNING
+    --stage-seconds "${STAGE_SECONDS:-6}" --warmup-seconds 2 --report-dir "$OUT/report" --loglevel WARNING
 echo "locust exit $?"
