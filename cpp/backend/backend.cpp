@@ -1,7 +1,8 @@
 // libtriton_hstu.so: the Triton backend serving the HSTU ranking models from the batched-step
 // AOTInductor package. Each model's config.pbtxt says its role in `parameters`:
-//   role=cached    hstu_gr_ranking_kvcache: the KV cache kept between requests; adds OUTPUT__1 (-1),
-//                  CACHED_TOKENS and HOST_CACHED_TOKENS (0: no host tier);
+//   role=cached    hstu_gr_ranking_kvcache: the KV cache kept between requests, with a host tier
+//                  behind it where host_budget_tokens > 0; adds OUTPUT__1 (-1), CACHED_TOKENS and
+//                  HOST_CACHED_TOKENS (the part of them onboarded from the host tier);
 //   role=uncached  hstu_gr_ranking / hstu_model: a pool that keeps nothing;
 //   role=control   hstu_kvcache_control: the cached model's counters, after emptying it when CLEAR is 1.
 // Inputs are read in place from Triton's buffers (copied only when they arrive in pieces).
@@ -186,7 +187,7 @@ void answer_ranking(ModelState& state, TRITONBACKEND_Request* request, TRITONBAC
   if (state.interface.cache_outputs) {
     add_int64s(response, "OUTPUT__1", std::vector<int64_t>(users.size(), -1));  // no offload task
     add_int64s(response, "CACHED_TOKENS", answer.cached);
-    add_int64s(response, "HOST_CACHED_TOKENS", std::vector<int64_t>(users.size(), 0));  // no host tier
+    add_int64s(response, "HOST_CACHED_TOKENS", answer.onboarded);
   }
 }
 
@@ -205,7 +206,7 @@ void answer_control(ModelState& state, TRITONBACKEND_Request* request, TRITONBAC
   const auto stats = engine->stats();
   for (const auto& name : state.control_outputs) {
     const auto found = stats.find(name);
-    add_int64s(response, name, {found == stats.end() ? 0 : found->second});  // host tier figures: 0
+    add_int64s(response, name, {found == stats.end() ? 0 : found->second});  // no host tier: its figures 0
   }
 }
 
@@ -266,8 +267,14 @@ std::unique_ptr<ModelState> load(TRITONBACKEND_Model* model) {
                                {params.integer("max_batch"), params.integer("max_history"),
                                 params.integer("max_candidates")},
                                dtype_named(params.text("dtype"))};
-  const int64_t budget = state->role == "cached" ? params.integer("cache_budget_tokens") : 0;
-  state->engine = std::make_shared<hstu::Engine>(package, shape, budget, params.integer("page_tokens"), state->name);
+  const bool cached = state->role == "cached";
+  const int64_t budget = cached ? params.integer("cache_budget_tokens") : 0;
+  const hstu::HostTierShape host =
+      cached ? hstu::HostTierShape{params.integer("host_budget_tokens"), hstu::offload_mode_named(params.text("offload_mode")),
+                                   params.integer("offload_chunk_tokens")}
+             : hstu::HostTierShape{0, hstu::OffloadMode::kNative, 1};
+  state->engine =
+      std::make_shared<hstu::Engine>(package, shape, budget, params.integer("page_tokens"), host, state->name);
   if (state->role == "cached") {
     std::lock_guard<std::mutex> hold(registry_lock);
     cached_engines[state->name] = state->engine;

@@ -28,7 +28,7 @@ at::Tensor host_buffer(int64_t length, const at::Device& device) {
 }  // namespace
 
 Engine::Engine(const std::string& package, const ModelShape& shape, int64_t budget_tokens, int64_t page_tokens,
-               const std::string& label)
+               const HostTierShape& host, const std::string& label)
     : clock(label),
       shape_(shape),
       // single-threaded: calls are serialised by lock_, and the runner then records no CUDA event
@@ -39,7 +39,7 @@ Engine::Engine(const std::string& package, const ModelShape& shape, int64_t budg
   pool_ = std::make_unique<PagedPool>(
       PoolShape{shape.layers, shape.heads, shape.head_dim, page_tokens, budget_tokens,
                 shape.limits.max_batch * table_pages},
-      shape.dtype, device_);
+      host, shape.dtype, device_);
   if (graphs_enabled(device_)) {
     graphs_ = std::make_unique<StepGraphs>(*loader_, device_, shape.limits.max_batch, table_pages);
   }
@@ -65,8 +65,15 @@ Answer Engine::infer(const std::vector<UserView>& users) {
     pool_->finish(request);
     throw;
   }
+  {
+    const auto timed = clock.phase("engine.offload");
+    pool_->offload(placed);
+  }
   pool_->finish(request);
-  for (const auto& user : placed) answer.cached.push_back(user.hit);
+  for (const auto& user : placed) {
+    answer.cached.push_back(user.hit);
+    answer.onboarded.push_back(user.onboarded);
+  }
   return answer;
 }
 

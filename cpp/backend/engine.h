@@ -28,16 +28,17 @@ struct ModelShape {
 
 struct Answer {
   at::Tensor logits;              // float32 [candidates, 8], on the CPU
-  std::vector<int64_t> cached;    // tokens reused, per user
+  std::vector<int64_t> cached;    // tokens reused, per user (both tiers)
+  std::vector<int64_t> onboarded; // of them, tokens onboarded from the host tier, per user
 };
 
 class StepGraphs;
 
 class Engine {
  public:
-  // `label`: the model's name, in its phase lines.
+  // `label`: the model's name, in its phase lines; `host.budget_tokens` 0: no host tier.
   Engine(const std::string& package, const ModelShape& shape, int64_t budget_tokens, int64_t page_tokens,
-         const std::string& label);
+         const HostTierShape& host, const std::string& label);
   ~Engine();
 
   Answer infer(const std::vector<UserView>& users);

@@ -25,7 +25,7 @@ std::string gib(int64_t bytes) {
 
 }  // namespace
 
-PagedPool::PagedPool(const PoolShape& shape, at::ScalarType dtype, at::Device device)
+PagedPool::PagedPool(const PoolShape& shape, const HostTierShape& host, at::ScalarType dtype, at::Device device)
     : shape_(shape), ledger_(shape.budget_tokens, shape.page_tokens) {
   if (shape.budget_tokens < 0) {
     throw LimitError("KV-cache budget of " + std::to_string(shape.budget_tokens) + " tokens; must be at least 0");
@@ -39,6 +39,14 @@ PagedPool::PagedPool(const PoolShape& shape, at::ScalarType dtype, at::Device de
                      "); lower --cache-budget-tokens");
   }
   grow(std::min(num_pages_, shape.request_pages));
+  if (host.budget_tokens != 0) {
+    host_ = std::make_unique<HostTier>(host, shape.page_tokens, page_bytes() / shape.page_tokens, device);
+  }
+}
+
+void PagedPool::check_request(const std::vector<std::pair<int64_t, int64_t>>& request) const {
+  ledger_.check(request);
+  if (host_) host_->check(request);
 }
 
 int64_t PagedPool::page_bytes() const {
@@ -76,11 +84,14 @@ void PagedPool::reserve(int64_t needed) {
 std::vector<UserPages> PagedPool::begin(const std::vector<std::pair<int64_t, int64_t>>& request) {
   const LedgerOutcome outcome = ledger_.serve(request);
   for (int64_t key : outcome.evicted) release(key);
+  const std::vector<int64_t> host = host_ ? host_->lookup(request) : std::vector<int64_t>(request.size(), 0);
+  std::vector<int64_t> hits;  // both tiers merged: no gap, both start at token 0
+  for (size_t i = 0; i < request.size(); ++i) hits.push_back(std::max(outcome.hits[i], host[i]));
   counters_.evicted_users += int64_t(outcome.evicted.size());
   counters_.requests += 1;
   for (size_t i = 0; i < request.size(); ++i) {
-    counters_.hit_tokens += outcome.hits[i];
-    counters_.computed_tokens += request[i].second - outcome.hits[i];
+    counters_.hit_tokens += hits[i];
+    counters_.computed_tokens += request[i].second - hits[i];
   }
   int64_t needed = 0;
   for (const auto& [key, total] : request) {
@@ -101,9 +112,41 @@ std::vector<UserPages> PagedPool::begin(const std::vector<std::pair<int64_t, int
       owned.push_back(free_.back());
       free_.pop_back();
     }
-    users.push_back({key, outcome.hits[i], total, &owned});
+    // where the host holds more than the pool, its whole sequence is onboarded
+    users.push_back({key, hits[i], total, host[i] > outcome.hits[i] ? host[i] : 0, &owned});
+    if (users.back().onboarded) onboard(users.back());
   }
   return users;
+}
+
+at::Tensor PagedPool::slots(const std::vector<int64_t>& pages, int64_t start, int64_t end) const {
+  at::Tensor slots = at::empty({end - start}, at::kLong);
+  int64_t* out = slots.data_ptr<int64_t>();
+  for (int64_t p = start; p < end; ++p) {
+    out[p - start] = pages[p / shape_.page_tokens] * shape_.page_tokens + p % shape_.page_tokens;
+  }
+  return slots.to(pool_k.device());
+}
+
+void PagedPool::onboard(const UserPages& user) {
+  host_->onboard(user.key, user.onboarded, [&](int64_t start, const HostTier::KV& part) {
+    const at::Tensor at = slots(*user.pages, start, start + part.first.size(1));
+    for (auto [pool, data] : {std::pair(&pool_k, &part.first), std::pair(&pool_v, &part.second)}) {
+      // through [layers, slots, heads * head_dim] views, as the Python pool writes them
+      pool->view({pool->size(0), pool->size(1), -1})
+          .index_copy_(1, at, data->to(pool->device()).reshape({data->size(0), data->size(1), -1}));
+    }
+  });
+}
+
+void PagedPool::offload(const std::vector<UserPages>& users) {
+  if (!host_) return;
+  for (const auto& user : users) {
+    host_->offload(user.key, user.total, [&](int64_t start, int64_t end) {
+      const at::Tensor at = slots(*user.pages, start, end);
+      return HostTier::KV{pool_k.index_select(1, at), pool_v.index_select(1, at)};
+    });
+  }
 }
 
 void PagedPool::finish(const std::vector<std::pair<int64_t, int64_t>>& request) {
@@ -115,6 +158,7 @@ void PagedPool::finish(const std::vector<std::pair<int64_t, int64_t>>& request) 
 void PagedPool::forget(int64_t key) {
   ledger_.forget(key);
   release(key);
+  if (host_) host_->forget(key);
 }
 
 void PagedPool::clear() {
@@ -123,6 +167,7 @@ void PagedPool::clear() {
   for (const auto& entry : pages_) keys.push_back(entry.first);
   for (int64_t key : keys) release(key);
   counters_ = Counters();
+  if (host_) host_->clear();
 }
 
 void PagedPool::release(int64_t key) {
@@ -144,7 +189,7 @@ at::Tensor PagedPool::page_table(const std::vector<UserPages>& users) const {
 }
 
 std::map<std::string, int64_t> PagedPool::stats() const {
-  return {
+  std::map<std::string, int64_t> stats{
       {"HIT_TOKENS", counters_.hit_tokens},
       {"COMPUTED_TOKENS", counters_.computed_tokens},
       {"EVICTED_USERS", counters_.evicted_users},
@@ -153,7 +198,9 @@ std::map<std::string, int64_t> PagedPool::stats() const {
       {"GPU_BUDGET_TOKENS", ledger_.budget_pages() * shape_.page_tokens},
       {"RESIDENT_BYTES", allocated_pages() * page_bytes()},
       {"BUDGET_BYTES", num_pages_ * page_bytes()},
-  };  // no host tier: its figures are 0
+  };
+  if (host_) host_->add_stats(stats);  // no host tier: its figures are 0
+  return stats;
 }
 
 }  // namespace hstu

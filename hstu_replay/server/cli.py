@@ -14,7 +14,7 @@ from hstu_replay.arguments import (
 from hstu_replay.errors import ConfigError
 
 FRONTENDS = ("pytriton", "python-backend", "cpp-backend")
-#: the engine the C++ backend serves (its package); the host tier is not built in C++
+#: the engine the C++ backend serves (its package)
 CPP_BACKEND_ENGINE = "batched-aoti"
 DEFAULT_ENGINE = "aoti"
 
@@ -181,7 +181,8 @@ def _serve(args) -> int:
         from hstu_replay.server.cpp_backend import CppBackendSettings, serve_cpp
 
         package = batched_step_path(args.repository, config, args.seed, args.page_tokens, device)
-        serve_cpp(CppBackendSettings(config, package, args.cache_budget_tokens, args.page_tokens), options, library)
+        serve_cpp(CppBackendSettings(config, package, args.cache_budget_tokens, args.page_tokens, host), options,
+                  library)
         return 0
     if args.frontend == "python-backend":
         from hstu_replay.server.python_backend import BackendSettings, serve_native
@@ -207,9 +208,6 @@ def _check_cpp_backend(args) -> None:
     """What the C++ backend cannot serve, refused in one line before any work."""
     if args.engine != CPP_BACKEND_ENGINE:
         raise ConfigError(f"--frontend cpp-backend serves --engine {CPP_BACKEND_ENGINE} only (got --engine {args.engine})")
-    if args.host_budget_tokens:
-        raise ConfigError("--host-budget-tokens: the host tier is not built into the C++ backend; "
-                          "use --frontend pytriton or python-backend for it")
 
 
 def _dump(args) -> int:

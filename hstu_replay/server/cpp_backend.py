@@ -9,7 +9,8 @@ its sizes as parameters, and whose version folder holds the batched-step AOTIndu
 On a CPU the package's attention operator is the backend's own C++ one.
 
 The cache-metrics port is served here, from the control model's answer at each scrape. The host
-tier is not built in C++: `--host-budget-tokens` is refused with this frontend.
+tier (`--host-budget-tokens`) is the backend's own C++ one (`cpp/backend/host_tier.cpp`), with the
+semantics of `host_tier.HostTier`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from hstu_replay.cmake_build import ROOT, build_cmake
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import CONTROL_MODEL, KVCACHE, INTERFACES
 from hstu_replay.process import Child, model_ready
-from hstu_replay.server.host_tier import NO_HOST_STATS
+from hstu_replay.server.host_tier import NO_HOST_STATS, HostTierOptions
 from hstu_replay.server.model_config import ModelConfig
 from hstu_replay.server.python_backend import ModelEntry, model_entries, serve_workspace, tritonserver
 from hstu_replay.server.repository import PACKAGE_NAME
@@ -65,6 +66,7 @@ class CppBackendSettings:
     package: Path  # the batched-step AOTInductor package
     cache_budget_tokens: int
     page_tokens: int
+    host: HostTierOptions = HostTierOptions()  # the cached model's host tier (budget 0: none)
 
 
 ROLE_OF_MODEL = {KVCACHE.model_name: "cached", CONTROL_MODEL: "control"}  # the other models: uncached
@@ -80,6 +82,10 @@ def parameters(entry: ModelEntry, settings: CppBackendSettings) -> dict[str, str
     sizes = {"num_layers": cfg.num_layers, "num_heads": cfg.num_heads, "head_dim": cfg.head_dim,
              "max_batch": cfg.max_batch, "max_history": cfg.max_history, "max_candidates": cfg.max_candidates,
              "page_tokens": settings.page_tokens, "cache_budget_tokens": settings.cache_budget_tokens}
+    if role == "cached":
+        host = settings.host
+        sizes |= {"host_budget_tokens": host.budget_tokens, "offload_mode": host.mode.value,
+                  "offload_chunk_tokens": host.chunk_tokens}
     return {"role": role, "dtype": cfg.dtype, "logits_output": interface.logits_output,
             "inputs": ",".join(f"{field}={name}" for field, name in interface.field_to_input.items()),
             **{key: str(value) for key, value in sizes.items()}}
@@ -154,4 +160,4 @@ def serve_cpp(settings: CppBackendSettings, options: ServeOptions, library: Path
                             ready=lambda: stopped() or ready())
 
     serve_workspace(options, stop, f"C++ backend models ({LIBRARY_NAME})", setup,
-                    on_ready=lambda: start_cache_metrics(ControlModelStats(options), options))
+                    beside=lambda: start_cache_metrics(ControlModelStats(options), options))

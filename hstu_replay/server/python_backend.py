@@ -201,12 +201,12 @@ def stop_tritonserver(server: Child) -> None:
 
 def serve_workspace(options: ServeOptions, stop: threading.Event | None, what: str,
                     setup: Callable[[Path, Callable[[], bool]], Child],
-                    on_ready: Callable[[], object] = lambda: None) -> None:
+                    beside: Callable[[], object] = lambda: None) -> None:
     """Serve from a tritonserver of our own until SIGINT/SIGTERM (or `stop`), then shut down
     cleanly: `setup(workspace, stopped)` writes the repository into a fresh workspace and returns
-    the tritonserver `Child` (`stopped` ends its readiness wait early); `on_ready` may start
-    something once it serves (its result's `shutdown()` is called at the end); `what` names the
-    models in the ready line."""
+    the tritonserver `Child` (`stopped` ends its readiness wait early); `beside` may start
+    something served beside it, before it starts, so that it answers once the models are ready (its
+    result's `shutdown()` is called at the end); `what` names the models in the ready line."""
     check_ports_free(options)
     phases_every()  # a bad HSTU_REPLAY_BACKEND_PHASES is refused here, before any model loads
     stop = stop or threading.Event()
@@ -217,6 +217,7 @@ def serve_workspace(options: ServeOptions, stop: threading.Event | None, what: s
     https = extra = server = None
     try:
         server = setup(workspace, stop.is_set)
+        extra = beside()
         server.start()
         if options.https_port:
             https = TlsForwarder(options.host, options.https_port, (options.http_host, options.http_port),
@@ -224,7 +225,6 @@ def serve_workspace(options: ServeOptions, stop: threading.Event | None, what: s
         server.wait_ready()
         if stop.is_set():
             return
-        extra = on_ready()
         print(f"hstu-replay: {options.describe()}; {what} (ready in {time.monotonic() - started:.1f} s)", flush=True)
         run_until_stopped(lambda: server.running, stop)
     except StartFailed as exc:

@@ -43,7 +43,8 @@ from hstu_replay.server.tls_proxy import TlsFiles, TlsForwarder
 CONTROL_OUTPUTS = ("HIT_TOKENS", "COMPUTED_TOKENS", "EVICTED_USERS", "RESIDENT_TOKENS", "REQUESTS",
                    # the host tier (HIT_TOKENS stays both tiers' total) and the KV memory
                    "HOST_HIT_TOKENS", "HOST_RESIDENT_TOKENS", "ONBOARDED_BYTES", "ONBOARD_MICROS", "OFFLOADED_BYTES",
-                   "OFFLOAD_MICROS", "GPU_BUDGET_TOKENS", "HOST_BUDGET_TOKENS", "RESIDENT_BYTES", "BUDGET_BYTES")
+                   "OFFLOAD_MICROS", "GPU_BUDGET_TOKENS", "HOST_BUDGET_TOKENS", "RESIDENT_BYTES", "BUDGET_BYTES",
+                   "HOST_EVICTED_USERS", "HOST_RESIDENT_BYTES", "HOST_BUDGET_BYTES")
 #: /metrics of the cache-metrics port: (stats key, Prometheus type, help); counters get `_total`
 CACHE_METRICS = (
     ("hit_tokens", "counter", "History tokens reused from the KV cache (both tiers)"),

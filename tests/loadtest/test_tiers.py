@@ -80,16 +80,20 @@ def test_a_run_steered_to_a_tier_mix_meets_it_and_reports_what_the_oracle_saw(or
     assert (tmp_path / "report.html").read_text().count("Cache tiers: GPU hit, host hit, miss") == 1
 
 
-def test_the_client_model_predicts_every_request_of_the_reference_targets_two_tiers(compiled_repository,
-                                                                                   sample_store, tmp_path):
+@pytest.mark.parametrize("frontend, engine, repository", [
+    ("pytriton", "batched", "compiled_repository"),
+    ("cpp-backend", "batched-aoti", "batched_step_repository"),  # the host tier in C++
+])
+def test_the_client_model_predicts_every_request_of_the_reference_targets_two_tiers(frontend, engine, repository,
+                                                                                   sample_store, tmp_path, request):
     """Against the reference target with a host tier (budgets read from its control model) the run
     steered to a mix meets it by the server's own HOST_CACHED_TOKENS, and the client's model predicted
     every request's hits as the server reported them."""
     from tests.conftest import start_server, stop_server
 
-    server = start_server(compiled_repository, tmp_path / "server.log", "--engine", "batched",
-                          "--cache-budget-tokens", str(GPU), "--host-budget-tokens", str(HOST),
-                          "--offload-mode", "flexkv", "--threads", "1")
+    server = start_server(request.getfixturevalue(repository), tmp_path / "server.log", "--engine", engine,
+                          "--frontend", frontend, "--cache-budget-tokens", str(GPU), "--host-budget-tokens",
+                          str(HOST), "--offload-mode", "flexkv", "--threads", "1", ready_timeout=600)
     try:
         result = run_locust(tmp_path / "run", "-u", "2", "-r", "2", "--triton-url", server.grpc_url,
                             "--workload", "sessions", "--store", str(sample_store), "--hit-ratios", "0.8",
