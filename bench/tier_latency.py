@@ -1,36 +1,44 @@
 """Latency per logical request of the reference target's batched engine by cache tier: GPU hit, host hit, miss.
 
-    python -m bench.tier_latency                     # small config on this CPU
+    python -m bench.tier_latency                     # small config on this CPU, in process
     python -m bench.tier_latency --device cuda --config kuairand-1k --dtype bfloat16
+    python -m bench.tier_latency --targets python-backend,cpp-backend   # served, each tier's code beside the other
 
-In process (no Triton), one engine per scenario, batches of `--batch` full-length users:
+In process (no Triton) or served (`server serve --frontend F` on loopback, over gRPC: the Python
+backend's host tier, host_tier.py, or the C++ backend's, cpp/backend/host_tier.cpp), one engine or
+server per scenario, batches of `--batch` full-length users:
 - GPU hit: the same batch again and again, all of it in the primary pool;
 - host hit: two batches in turn with a primary pool of exactly one batch and a host tier of two,
   so every user of every timed request is onboarded from the host (checked on each answer);
 - miss: fresh users every request, with the host tier (its offload paid) and without one (the
   reference every ratio is taken against).
-Then the onboard and offload rates from the engine's own counters over the timed requests, beside a plain copy of the
-same bytes from host memory to the device (pinned on CUDA) as the machine's reference rate.
+Then the onboard and offload rates from the engine's own counters (served: its control model) over the timed
+requests, beside a plain copy of the same bytes from host memory to the device (pinned on CUDA) as the machine's
+reference rate. Every ratio is against the first row of the invocation.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from bench.harness import machine_load, table, this_command
+from bench.harness import ROOT, machine_load, table, this_command
 from hstu_replay.cache_ledger import pages
-from hstu_replay.interface import Limits
+from hstu_replay.interface import CONTROL_MODEL, KVCACHE, Limits
 from hstu_replay.request import RequestTensors, UserRequest, build_request
-from hstu_replay.server.batched import BatchedEngine, build_batched_engine
+from hstu_replay.process import ServerProcess
+from hstu_replay.server.batched import build_batched_engine
 from hstu_replay.server.model_config import ModelConfig, get_config
-from hstu_replay.server.host_tier import HostTierOptions, OffloadMode
+from hstu_replay.server.host_tier import HostTierOptions, KVLayout, OffloadMode
 from hstu_replay.server.model import build_model
 from hstu_replay.server.threads import apply_threads
 
@@ -85,21 +93,101 @@ def check(expect: str, request: RequestTensors, cached: np.ndarray, host: np.nda
                          f"HOST_CACHED_TOKENS {host.tolist()}")
 
 
-def run(engine: BatchedEngine, expect: str, cfg: ModelConfig, batch: int, candidates: int, warm: int,
+class Target(Protocol):
+    """One scenario's cache: answers a request with (CACHED_TOKENS, HOST_CACHED_TOKENS); its counters."""
+
+    def infer(self, request: RequestTensors) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def stats(self) -> dict[str, int]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every scenario's target is built from."""
+
+    cfg: ModelConfig
+    device: str
+    page_tokens: int
+    threads: int
+    work: Path  # served targets' logs and repository (the C++ backend's package is compiled there once)
+
+
+class InProcess:
+    """The batched engine in this process, no Triton."""
+
+    def __init__(self, setup: Setup, model: torch.nn.Module, gpu_tokens: int, host: HostTierOptions) -> None:
+        self.engine = build_batched_engine(model, gpu_tokens, setup.page_tokens, host)
+
+    def infer(self, request: RequestTensors) -> tuple[np.ndarray, np.ndarray]:
+        result = self.engine.infer(request)
+        return result.cached_tokens, result.host_cached_tokens
+
+    def stats(self) -> dict[str, int]:
+        return self.engine.cache.stats()
+
+    def close(self) -> None:
+        pass
+
+
+class Served:
+    """`server serve --frontend <frontend>` of the batched engine on loopback, driven over gRPC."""
+
+    ENGINES = {"pytriton": "batched", "python-backend": "batched", "cpp-backend": "batched-aoti"}
+
+    def __init__(self, frontend: str, setup: Setup, gpu_tokens: int, host: HostTierOptions) -> None:
+        from hstu_replay.client.triton import ClientOptions, TritonClient
+
+        cfg = setup.cfg
+        self.server = ServerProcess.serve(
+            setup.work / "repository", setup.work / f"{frontend}.log", None, "--frontend", frontend,
+            "--engine", self.ENGINES[frontend], "--config", cfg.name, "--dtype", cfg.dtype, "--device", setup.device,
+            "--page-tokens", str(setup.page_tokens), "--threads", str(setup.threads),
+            "--cache-budget-tokens", str(gpu_tokens), "--host-budget-tokens", str(host.budget_tokens),
+            "--offload-mode", host.mode.value, "--offload-chunk-tokens", str(host.chunk_tokens),
+            ready_timeout_s=900, cwd=ROOT).launch()
+        self.client = TritonClient(ClientOptions(url=self.server.grpc_url, model=KVCACHE.model_name))
+        self.client.connect()
+
+    def infer(self, request: RequestTensors) -> tuple[np.ndarray, np.ndarray]:
+        answer = self.client.infer(request)
+        return answer.cached_tokens, answer.host_cached_tokens
+
+    def stats(self) -> dict[str, int]:
+        import tritonclient.grpc as grpcclient
+
+        from hstu_replay.server.serve import CONTROL_OUTPUTS
+
+        control = grpcclient.InferenceServerClient(self.server.grpc_url)
+        try:
+            clear = grpcclient.InferInput("CLEAR", [1], "INT64")
+            clear.set_data_from_numpy(np.zeros(1, dtype=np.int64))
+            result = control.infer(CONTROL_MODEL, [clear])
+        finally:
+            control.close()
+        return {name.lower(): int(result.as_numpy(name)[0]) for name in CONTROL_OUTPUTS}
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.stop()
+
+
+def run(target: Target, expect: str, cfg: ModelConfig, batch: int, candidates: int, warm: int,
         repeats: int, chunk: int) -> tuple[list[float], dict[str, int]]:
     """Seconds of each timed request, and what the cache's counters added over them."""
     source = requests_for(expect, cfg, batch, candidates)
     for _ in range(warm):
-        engine.infer(next(source))
-    before = engine.cache.stats()
+        target.infer(next(source))
+    before = target.stats()
     seconds = []
     for _ in range(repeats):
         request = next(source)
         started = time.perf_counter()
-        result = engine.infer(request)
+        cached, host = target.infer(request)
         seconds.append(time.perf_counter() - started)
-        check(expect, request, result.cached_tokens, result.host_cached_tokens, chunk)
-    return seconds, {k: v - before[k] for k, v in engine.cache.stats().items()}
+        check(expect, request, cached, host, chunk)
+    return seconds, {k: v - before[k] for k, v in target.stats().items()}
 
 
 def copy_rate(nbytes: int, device: torch.device, repeats: int = 5) -> float:
@@ -128,7 +216,13 @@ def main() -> int:
     parser.add_argument("--offload-mode", default="flexkv", choices=[m.value for m in OffloadMode])
     parser.add_argument("--page-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=0, help="model threads (default: the server's policy)")
+    parser.add_argument("--targets", default="in-process",
+                        help="comma-separated: in-process, or a frontend served on loopback (pytriton, python-backend, "
+                             "cpp-backend)")
     args = parser.parse_args()
+    targets = args.targets.split(",")
+    if not set(targets) <= {"in-process", *Served.ENGINES}:
+        raise SystemExit(f"tier_latency: --targets {args.targets}: in-process or {', '.join(Served.ENGINES)}")
     threads = apply_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("tier_latency: --device cuda: no CUDA device is visible")
@@ -139,33 +233,46 @@ def main() -> int:
         raise SystemExit(f"tier_latency: the {cfg.name} config takes at most {cfg.max_batch} users of "
                          f"{cfg.max_candidates} candidates")
     device = torch.device(args.device)
-    model = build_model(cfg, seed=0).to(device)
+    model = build_model(cfg, seed=0).to(device) if "in-process" in targets else None
     batch_tokens = args.batch * pages(cfg.max_history_tokens, args.page_tokens) * args.page_tokens
-    rows, reference, tiers = [], None, {}
-    for scenario in SCENARIOS:
-        host = HostTierOptions(scenario.host_batches * batch_tokens, OffloadMode(args.offload_mode))
-        engine = build_batched_engine(model, scenario.gpu_batches * batch_tokens, args.page_tokens, host)
-        seconds, tiers[scenario.expect] = run(engine, scenario.expect, cfg, args.batch, args.candidates, args.warm,
-                                              args.repeats, host.chunk_tokens if host.mode is OffloadMode.NATIVE else 1)
-        p50 = statistics.median(seconds) * 1e3
-        reference = reference or p50
-        rows.append([scenario.name, p50, p50 / args.batch, max(seconds) * 1e3, p50 / reference])
+    rows, copies, reference = [], [], None
+    with tempfile.TemporaryDirectory(prefix="tier-latency-") as work:
+        setup = Setup(cfg, args.device, args.page_tokens, threads, Path(work))
+        for name in targets:
+            tiers = {}
+            for scenario in SCENARIOS:
+                host = HostTierOptions(scenario.host_batches * batch_tokens, OffloadMode(args.offload_mode))
+                gpu_tokens = scenario.gpu_batches * batch_tokens
+                target = (InProcess(setup, model, gpu_tokens, host) if name == "in-process"
+                          else Served(name, setup, gpu_tokens, host))
+                try:
+                    seconds, tiers[scenario.expect] = run(
+                        target, scenario.expect, cfg, args.batch, args.candidates, args.warm, args.repeats,
+                        host.chunk_tokens if host.mode is OffloadMode.NATIVE else 1)
+                finally:
+                    target.close()
+                p50 = statistics.median(seconds) * 1e3
+                reference = reference or p50
+                rows.append([name, scenario.name, p50, p50 / args.batch, max(seconds) * 1e3, p50 / reference])
+            onboard, offload = tiers["host"], tiers["miss"]
+            copies.append([name, onboard["onboarded_bytes"], rate(onboard, "onboard"), rate(offload, "offload")])
     print(f"# {this_command()}")
     print(f"# {cfg.name} ({cfg.dtype}) on {args.device}, batch {args.batch} of {cfg.max_history_tokens} history "
           f"tokens + {args.candidates} candidates, {args.offload_mode} offload, {args.repeats} timed requests "
           f"each, {threads} model thread(s); load {machine_load()}")
-    print(table(["scenario", "ms per request (p50)", "ms per logical request", "ms max", "x reference"], rows))
-    onboard, offload = tiers["host"], tiers["miss"]
-    per_user = cfg.max_history_tokens * engine.cache.layout.bytes_per_token
-    plain = copy_rate(args.batch * per_user, device)
-    print(table(["copy", "bytes", "GB/s"], [
-        ["onboard (host hit runs)", onboard["onboarded_bytes"],
-         onboard["onboarded_bytes"] / max(onboard["onboard_micros"], 1) / 1e3],
-        ["offload (misses with host tier)", offload["offloaded_bytes"],
-         offload["offloaded_bytes"] / max(offload["offload_micros"], 1) / 1e3],
-        [f"plain host-to-{args.device} copy of one batch", args.batch * per_user, plain],
-    ]))
+    print(table(["target", "scenario", "ms per request (p50)", "ms per logical request", "ms max", "x reference"],
+                rows))
+    layout = KVLayout(cfg.num_layers, cfg.num_heads, cfg.head_dim, getattr(torch, cfg.dtype))
+    batch_bytes = args.batch * cfg.max_history_tokens * layout.bytes_per_token
+    print(table(["target", "bytes onboarded", "onboard GB/s", "offload GB/s"], copies))
+    print(f"plain host-to-{args.device} copy of one batch ({batch_bytes:,} bytes): "
+          f"{copy_rate(batch_bytes, device):.3g} GB/s")
     return 0
+
+
+def rate(counters: dict[str, int], what: str) -> float:
+    """GB/s of the onboard or offload copies the counters saw."""
+    return counters[f"{what}ed_bytes"] / max(counters[f"{what}_micros"], 1) / 1e3
 
 
 if __name__ == "__main__":

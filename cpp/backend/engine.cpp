@@ -60,14 +60,12 @@ Answer Engine::infer(const std::vector<UserView>& users) {
   Answer answer;
   try {
     answer.logits = forward(users, placed);
+    const auto timed = clock.phase("engine.offload");
+    pool_->offload(placed);
   } catch (...) {
     for (const auto& entry : request) pool_->forget(entry.first);  // the ledger counts them as held: undo
     pool_->finish(request);
     throw;
-  }
-  {
-    const auto timed = clock.phase("engine.offload");
-    pool_->offload(placed);
   }
   pool_->finish(request);
   for (const auto& user : placed) {

@@ -47,14 +47,9 @@ HostTier::HostTier(const HostTierShape& shape, int64_t page_tokens, int64_t byte
   }
 }
 
-std::vector<int64_t> HostTier::lookup(const Request& request) {
+std::vector<int64_t> HostTier::lookup(const Request& request) const {
   std::vector<int64_t> host;
-  Request found;
-  for (const auto& [key, total] : request) {
-    host.push_back(std::min(ledger_.held(key), total));
-    if (host.back() > 0) found.emplace_back(key, ledger_.held(key));
-  }
-  if (!found.empty()) ledger_.serve(found);  // the same sizes: only the order changes, nothing is evicted
+  for (const auto& [key, total] : request) host.push_back(std::min(ledger_.held(key), total));
   return host;
 }
 
@@ -73,28 +68,41 @@ void HostTier::onboard(int64_t key, int64_t tokens, const Writer& write) {
   counters_.onboard_micros += timed.micros();
 }
 
-int64_t HostTier::offload(int64_t key, int64_t total, const Reader& read) {
-  const int64_t held = ledger_.held(key);
-  const int64_t target = offload_target(shape_.mode, held, total, shape_.chunk_tokens);
-  if (target <= held) return 0;
+int64_t HostTier::offload(const Request& request, const Reader& read) {
   const Stopwatch timed;
-  const KV part = read(held, target);
-  const auto options = part.first.options().device(at::kCPU).pinned_memory(device_.is_cuda());
-  KV copy{at::empty(part.first.sizes(), options), at::empty(part.second.sizes(), options)};
-  copy.first.copy_(part.first);
-  copy.second.copy_(part.second);
+  Request account;                          // (key, tokens on the host after) of each user it holds any of
+  std::vector<std::pair<size_t, KV>> copies;  // (user, its new tokens, copied to the host)
+  int64_t moved = 0;
+  for (size_t u = 0; u < request.size(); ++u) {
+    const auto& [key, total] = request[u];
+    const int64_t held = ledger_.held(key);
+    const int64_t target = offload_target(shape_.mode, held, total, shape_.chunk_tokens);
+    if (target > held) {
+      const KV part = read(u, held, target);
+      const auto options = part.first.options().device(at::kCPU).pinned_memory(device_.is_cuda());
+      KV copy{at::empty(part.first.sizes(), options), at::empty(part.second.sizes(), options)};
+      copy.first.copy_(part.first);
+      copy.second.copy_(part.second);
+      copies.emplace_back(u, std::move(copy));
+      moved += target - held;
+    }
+    if (target > 0) account.emplace_back(key, target);  // nothing held nor offloaded: no place on the host
+  }
+  if (account.empty()) return 0;
   wait();
-  const LedgerOutcome outcome = ledger_.serve({{key, target}});
+  const LedgerOutcome outcome = ledger_.serve(account);
   for (int64_t gone : outcome.evicted) chunks_.erase(gone);
   counters_.host_evicted_users += int64_t(outcome.evicted.size());
-  if (ledger_.held(key) == target) {
-    chunks_[key].push_back(std::move(copy));
-  } else {  // too large for the whole host budget: served, not kept
-    chunks_.erase(key);
+  for (const auto& [key, target] : account) {
+    if (ledger_.held(key) != target) chunks_.erase(key);  // dropped: served, not kept
   }
-  counters_.offloaded_bytes += (target - held) * bytes_per_token_;
+  for (auto& [u, copy] : copies) {
+    const int64_t key = request[u].first;
+    if (ledger_.held(key) > 0) chunks_[key].push_back(std::move(copy));  // kept: it holds its target
+  }
+  counters_.offloaded_bytes += moved * bytes_per_token_;
   counters_.offload_micros += timed.micros();
-  return target - held;
+  return moved;
 }
 
 void HostTier::forget(int64_t key) {

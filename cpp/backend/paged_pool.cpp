@@ -141,12 +141,12 @@ void PagedPool::onboard(const UserPages& user) {
 
 void PagedPool::offload(const std::vector<UserPages>& users) {
   if (!host_) return;
-  for (const auto& user : users) {
-    host_->offload(user.key, user.total, [&](int64_t start, int64_t end) {
-      const at::Tensor at = slots(*user.pages, start, end);
-      return HostTier::KV{pool_k.index_select(1, at), pool_v.index_select(1, at)};
-    });
-  }
+  HostTier::Request request;
+  for (const auto& user : users) request.emplace_back(user.key, user.total);
+  host_->offload(request, [&](size_t u, int64_t start, int64_t end) {
+    const at::Tensor at = slots(*users[u].pages, start, end);
+    return HostTier::KV{pool_k.index_select(1, at), pool_v.index_select(1, at)};
+  });
 }
 
 void PagedPool::finish(const std::vector<std::pair<int64_t, int64_t>>& request) {

@@ -94,7 +94,7 @@ class RankingEngine:
             raise
 
     def _compute(self, users: list[UserRequest], totals: list[int], reuse_plan: list[Reuse]) -> InferResult:
-        logits, cached, computed = [], [], []
+        logits, cached, computed, stored = [], [], [], []
         for user, total, plan in zip(users, totals, reuse_plan):
             reuse, entry = plan.hit, plan.entry
             past_k = self._empty if entry is None else entry.k[:, :reuse]
@@ -106,9 +106,12 @@ class RankingEngine:
                 if new_k.shape[1] > 0:
                     past_k, past_v = torch.cat([past_k, new_k], 1), torch.cat([past_v, new_v], 1)
                 self.cache.store(user.key, past_k, past_v)
+                stored.append((user.key, past_k, past_v))
             logits.append(out.float().cpu().numpy())
             cached.append(reuse)
             computed.append(total - reuse)
+        if self.cache is not None:
+            self.cache.offload(stored)
         return InferResult(
             logits=np.concatenate(logits).astype(np.float32, copy=False).reshape(-1, 8),
             cached_tokens=np.array(cached, dtype=np.int64),

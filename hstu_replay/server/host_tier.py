@@ -12,8 +12,10 @@ native host storage, FlexKV), as the reference target serves them:
   whose host copy starts before its GPU copy cannot arise. When the host holds more than the
   primary pool, the whole host sequence is onboarded ("we onboard the full sequence"): a real
   copy into the pool (from pinned host memory on CUDA); that part is the request's host hit.
-- Its own budget, rounded to pages like the primary pool's, LRU per user: a user becomes the most
-  recent when a request looks it up or offloads to it. A user evicted from both is recomputed.
+- Its own budget, rounded to pages like the primary pool's, LRU per user: after a request's
+  forward pass its users become the most recent, in request order, and the host evicts for them
+  as the primary pool does for a request (its own users protected from each other). A user
+  evicted from both is recomputed.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -81,6 +84,18 @@ class TierLookup:
         return tuple(h if h > g else 0 for g, h in zip(self.gpu, self.host))
 
 
+#: (start, end) -> K and V of those tokens of one user, each [layers, end - start, heads, head_dim]
+Reader = Callable[[int, int], tuple[Tensor, Tensor]]
+
+
+class Offload(NamedTuple):
+    """One user of a request after its forward pass: its key, its tokens now, and where to read them."""
+
+    key: int
+    total: int
+    read: Reader
+
+
 @dataclass
 class TierCounters:
     host_hit_tokens: int = 0
@@ -132,11 +147,8 @@ class HostTier:
         self.ledger.check(list(zip(keys, totals)))
 
     def lookup(self, keys: Sequence[int], totals: Sequence[int], gpu_hits: Sequence[int]) -> TierLookup:
-        """Merge the tiers for one request; users found on the host become its most recent."""
+        """Merge the tiers for one request (the host's order changes at `offload`)."""
         host = tuple(min(self.held(k), t) for k, t in zip(keys, totals))
-        found = [(k, self.held(k)) for k, h in zip(keys, host) if h]
-        if found:
-            self.ledger.serve(found)  # same sizes: only the order changes, nothing is evicted
         result = TierLookup(tuple(gpu_hits), host)
         self.counters.host_hit_tokens += sum(result.onboarded)
         return result
@@ -155,26 +167,34 @@ class HostTier:
         self.counters.onboarded_bytes += tokens * self.layout.bytes_per_token
         self.counters.onboard_micros += round((time.perf_counter() - started) * 1e6)
 
-    def offload(self, key: int, total: int, read: Callable[[int, int], tuple[Tensor, Tensor]]) -> int:
-        """After a forward pass over `total` tokens of `key`: offload what the mode says, copied out
-        of the device by `read(start, end)`. Returns the tokens offloaded now."""
-        held = self.held(key)
-        target = OFFLOAD_RULES[self.mode](held, total, self.chunk_tokens)
-        if target <= held:
-            return 0
+    def offload(self, users: Sequence[Offload]) -> int:
+        """After a request's forward pass: offload what the mode says of each of its users, then
+        account the request in the host's LRU at once (its users the most recent, in request
+        order, protected from each other's eviction). Returns the tokens offloaded now."""
         started = time.perf_counter()
-        k, v = read(held, target)
-        chunk = (self._host_copy(k), self._host_copy(v))
+        request, copies, moved = [], {}, 0
+        for key, total, read in users:
+            held = self.held(key)
+            target = OFFLOAD_RULES[self.mode](held, total, self.chunk_tokens)
+            if target > held:
+                k, v = read(held, target)
+                copies[key] = (target, (self._host_copy(k), self._host_copy(v)))
+                moved += target - held
+            if target:  # a user with nothing on the host and nothing to offload takes no place in it
+                request.append((key, target))
+        if not request:
+            return 0
         sync(self.device)
-        outcome = self.ledger.serve([(key, target)])
+        outcome = self.ledger.serve(request)
         for gone in outcome.evicted + outcome.dropped:
             self._entries.pop(gone, None)
         self.counters.host_evicted_users += len(outcome.evicted)
-        if self.ledger.held(key) == target:
-            self._entries.setdefault(key, HostEntry()).chunks.append(chunk)
-        self.counters.offloaded_bytes += (target - held) * self.layout.bytes_per_token
+        for key, (target, chunk) in copies.items():
+            if self.ledger.held(key) == target:
+                self._entries.setdefault(key, HostEntry()).chunks.append(chunk)
+        self.counters.offloaded_bytes += moved * self.layout.bytes_per_token
         self.counters.offload_micros += round((time.perf_counter() - started) * 1e6)
-        return target - held
+        return moved
 
     def _host_copy(self, t: Tensor) -> Tensor:
         out = torch.empty(t.shape, dtype=t.dtype, pin_memory=self.pinned)

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from hstu_replay.cache_ledger import DEFAULT_PAGE_TOKENS, CacheLedger
-from hstu_replay.server.host_tier import HostTier, KVLayout, TierLookup, host_stats
+from hstu_replay.server.host_tier import HostTier, KVLayout, Offload, TierLookup, host_stats
 
 
 @dataclass(frozen=True)
@@ -143,15 +143,23 @@ class KVCache:
         return CacheEntry(k, v)
 
     def store(self, key: int, k: Tensor, v: Tensor) -> bool:
-        """After a user's forward pass: offload to the host tier what its mode says, then keep
-        `key`'s K/V if the ledger holds exactly that history for it; else drop it."""
-        if self.host is not None:
-            self.host.offload(key, int(k.shape[1]), lambda start, end: (k[:, start:end], v[:, start:end]))
+        """After a user's forward pass: keep `key`'s K/V if the ledger holds exactly that history
+        for it; else drop it."""
         if self.ledger.held(key) == int(k.shape[1]):
             self._entries[key] = CacheEntry(k, v)
             return True
         self._entries.pop(key, None)
         return False
+
+    def offload(self, users: Sequence[tuple[int, Tensor, Tensor]]) -> None:
+        """After a request's forward pass, its users' (key, K, V): to the host tier, what its mode says."""
+        if self.host is None:
+            return
+
+        def reader(k: Tensor, v: Tensor):
+            return lambda start, end: (k[:, start:end], v[:, start:end])
+
+        self.host.offload([Offload(key, int(k.shape[1]), reader(k, v)) for key, k, v in users])
 
     def forget(self, key: int) -> None:
         """Hold nothing for `key` (a request that failed half-way)."""

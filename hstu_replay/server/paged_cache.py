@@ -27,7 +27,7 @@ from torch import Tensor
 from hstu_replay.cache_ledger import CacheLedger, pages
 from hstu_replay.errors import LimitError
 from hstu_replay.server.model_config import ModelConfig
-from hstu_replay.server.host_tier import HostTier, KVLayout
+from hstu_replay.server.host_tier import HostTier, KVLayout, Offload
 from hstu_replay.server.kvcache import CacheCounters, merge_tiers
 
 GROWTH_FACTOR = 2  # a pool that must grow takes this many times its pages (at most the whole pool)
@@ -158,12 +158,14 @@ class PagedKVCache:
         """After the forward pass of `users` (their pages hold all their tokens): offload to the host tier."""
         if self.host is None:
             return
-        for user in users:
-            def read(start: int, end: int, user=user) -> tuple[Tensor, Tensor]:
+
+        def reader(user: UserPages):
+            def read(start: int, end: int) -> tuple[Tensor, Tensor]:
                 slots = self.slots(user.pages, start, end)
                 return self.pool_k.index_select(1, slots), self.pool_v.index_select(1, slots)
+            return read
 
-            self.host.offload(user.key, user.total, read)
+        self.host.offload([Offload(user.key, user.total, reader(user)) for user in users])
 
     def finish(self, keys: Sequence[int]) -> None:
         """After the request of `keys`: release the pages of its users the ledger did not keep.

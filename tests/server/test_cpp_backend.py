@@ -99,11 +99,14 @@ def small_cpp_server(batched_step_repository, tmp_path_factory):
                        SMALL_BUDGET_TOKENS)
 
 
+TIERS = ("--host-budget-tokens", str(HOST_BUDGET_TOKENS), "--offload-mode", "native", "--offload-chunk-tokens",
+         str(OFFLOAD_CHUNK_TOKENS))
+
+
 @pytest.fixture(scope="module")
 def tiered_cpp_server(batched_step_repository, tmp_path_factory):
     yield from serving(batched_step_repository, tmp_path_factory.mktemp("cpp-tiers") / "server.log",
-                       SMALL_BUDGET_TOKENS, "--host-budget-tokens", str(HOST_BUDGET_TOKENS), "--offload-mode",
-                       "native", "--offload-chunk-tokens", str(OFFLOAD_CHUNK_TOKENS))
+                       SMALL_BUDGET_TOKENS, *TIERS)
 
 
 @pytest.fixture(scope="module")
@@ -203,21 +206,26 @@ def replayed_graphs_answer_as_eager(server, eager, base_key: int) -> None:
         client.close()
 
 
+def growing_requests(seed: int, keys: list[int], steps: int, growth: int):
+    """Requests of one to three of `keys`, each user's history grown by under `growth` items (to at
+    most 100), each a prefix of one fixed history: what a key holds is always a prefix of what it sends."""
+    rng = np.random.default_rng(seed)
+    lengths = dict.fromkeys(keys, 0)
+    for _ in range(steps):
+        chosen = [int(k) for k in rng.choice(keys, size=int(rng.integers(1, 4)), replace=False)]
+        for key in chosen:
+            lengths[key] = min(100, lengths[key] + int(rng.integers(0, growth)))
+        yield [prefix(user(key % 100, 100, cand=int(rng.integers(1, 5)), key=key), lengths[key]) for key in chosen]
+
+
 @pytest.mark.integration
 def test_hits_are_the_oracles_through_growth_eviction_and_a_user_beyond_the_budget(small_cpp_server):
     server, _ = small_cpp_server
     client = connect(server)
     oracle = OracleCache(SMALL_BUDGET_TOKENS, PAGE_TOKENS)
-    rng = np.random.default_rng(3)
-    keys = [8_000 + k for k in range(6)]
-    lengths = dict.fromkeys(keys, 0)
     try:
         clear_cache(server)
-        for step in range(24):
-            chosen = [int(k) for k in rng.choice(keys, size=int(rng.integers(1, 4)), replace=False)]
-            for key in chosen:
-                lengths[key] = min(100, lengths[key] + int(rng.integers(0, 15)))
-            users = [user(key % 100, lengths[key], cand=int(rng.integers(1, 5)), key=key) for key in chosen]
+        for step, users in enumerate(growing_requests(3, [8_000 + k for k in range(6)], 24, 15)):
             if step == 12:  # longer than the whole budget: served, never kept
                 users.append(user(9, 250, key=8_999))
             answer = client.infer(build_request(users))
@@ -232,31 +240,31 @@ def test_hits_are_the_oracles_through_growth_eviction_and_a_user_beyond_the_budg
 
 @pytest.mark.integration
 def test_two_tiers_hits_onboarding_and_answers_are_the_oracles(tiered_cpp_server, eager):
+    two_tiers_are_the_oracles(tiered_cpp_server[0], eager, ATOL)
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a host tier behind a GPU pool: needs a GPU")
+def test_on_a_gpu_the_host_tier_offloads_and_onboards_through_pinned_memory(tmp_path, eager):
+    for server, _ in serving(tmp_path / "repository", tmp_path / "server.log", SMALL_BUDGET_TOKENS, "--device", "cuda",
+                             *TIERS):
+        two_tiers_are_the_oracles(server, eager, DEFAULT_TOLERANCE)
+
+
+def two_tiers_are_the_oracles(server, eager, atol: float) -> None:
     """Users evicted from the pool come back from the host tier (onboarded into their pages), are
     evicted from both and recomputed; every hit is the two-tier oracle's and every answer the eager
     model's, so what was onboarded is the K/V the user had."""
-    server, _ = tiered_cpp_server
     client = connect(server)
     oracle = TwoTierCache(SMALL_BUDGET_TOKENS, HOST_BUDGET_TOKENS, PAGE_TOKENS, "native", OFFLOAD_CHUNK_TOKENS)
-    rng = np.random.default_rng(11)
-    keys = [8_100 + k for k in range(9)]
-    lengths = dict.fromkeys(keys, 0)
     try:
         clear_cache(server)
-        for step in range(40):
-            # one user a request: the tiers' order within a request is where implementations may differ
-            # (the last request has three users; nothing comes after it)
-            chosen = [int(k) for k in rng.choice(keys, size=1 if step < 39 else 3, replace=False)]
-            for key in chosen:
-                lengths[key] = min(100, lengths[key] + int(rng.integers(0, 40)))
-            # each a prefix of one fixed history: what a key holds is always a prefix of what it sends
-            users = [prefix(user(key % 100, 100, cand=int(rng.integers(1, 5)), key=key), lengths[key])
-                     for key in chosen]
+        for step, users in enumerate(growing_requests(11, [8_100 + k for k in range(9)], 40, 40)):
             answer = client.infer(build_request(users))
             hits = oracle.apply([u.key for u in users], [u.total_history_length for u in users])
             assert (answer.cached_tokens.tolist(), answer.host_cached_tokens.tolist()) == (
                 hits, oracle.last_host_hits), step
-            np.testing.assert_allclose(answer.logits, eager(users), atol=ATOL, rtol=0)
+            np.testing.assert_allclose(answer.logits, eager(users), atol=atol, rtol=0)
         stats = control_stats(server)
         assert stats["RESIDENT_TOKENS"] == sum(oracle.gpu.held.values())
         assert stats["HOST_RESIDENT_TOKENS"] == sum(oracle.host.held.values())

@@ -167,10 +167,8 @@ def test_clear_and_a_failed_request_empty_both_tiers():
 # The server's per-user cache and host tier (KVCache + HostTier, what the aoti engine serves with),
 # driven with K/V of each user's length and no model; the client's TierModel predicts every request's
 # hits and host part from its own ledgers. The offload rule is shared (cache_ledger.OFFLOAD_RULES); the
-# bookkeeping around it (lookup, onboarding, the GPU pool's eviction) is written apart on each side.
-# The host pool is sized here so that it never evicts: there the two differ (the server offloads one
-# user at a time, so a request's own users are not protected from each other in the host pool; the
-# client's model and the oracle server evict per request).
+# bookkeeping around it (lookup, onboarding, the eviction of both pools) is written apart on each side.
+# The host pool is small enough, in most examples, to evict users of the same request and others.
 
 TINY = KVLayout(1, 1, 1, torch.float32)
 
@@ -184,9 +182,12 @@ def server_serves(cache, request):
     keys, totals = [k for k, _ in request], [t for _, t in request]
     cache.check_request(keys, totals)
     plan = cache.begin(keys, totals)
+    stored = []
     for key, total in request:
         kv = torch.zeros(1, total, 1, 1)
         cache.store(key, kv, kv)
+        stored.append((key, kv, kv))
+    cache.offload(stored)
     return tuple(r.hit for r in plan), tuple(r.onboarded for r in plan)
 
 
@@ -196,8 +197,9 @@ REQUESTS = st.lists(st.lists(st.tuples(st.integers(0, 7), st.sampled_from((0, 1,
 
 @settings(max_examples=150, deadline=None)
 @given(mode=st.sampled_from(list(OffloadMode)), chunk=st.sampled_from((1, 7, 32, 64, 100, 256, 1024)),
-       page=st.sampled_from((1, 8, 32)), gpu=st.integers(0, 3000), requests=REQUESTS)
-def test_the_client_tier_model_predicts_the_server_cache_at_any_chunk(mode, chunk, page, gpu, requests):
+       page=st.sampled_from((1, 8, 32)), gpu=st.integers(0, 3000), host_share=st.floats(0.05, 1.0),
+       requests=REQUESTS)
+def test_the_client_tier_model_predicts_the_server_cache_at_any_chunk(mode, chunk, page, gpu, host_share, requests):
     from hstu_replay.cache_ledger import pages
     from hstu_replay.plan.tiers import Tier, TierModel
 
@@ -209,7 +211,8 @@ def test_the_client_tier_model_predicts_the_server_cache_at_any_chunk(mode, chun
             held[key] = held.get(key, 1) + growth
             request.append((key, held[key]))
         steps.append(request)
-    host = page * sum(pages(tokens, page) for tokens in held.values())  # room for every user's longest copy
+    # a share of the room for every user's longest copy (all of it: the host never evicts)
+    host = max(1, int(host_share * page * sum(pages(tokens, page) for tokens in held.values())))
     model = TierModel(gpu or None, host, page, mode.value, chunk)
     cache = server_cache(gpu or None, host, page, mode, chunk)
     seen = set()
@@ -218,8 +221,8 @@ def test_the_client_tier_model_predicts_the_server_cache_at_any_chunk(mode, chun
         assert (predicted.hits, predicted.host) == server_serves(cache, request), request
         assert {k: model.host.held(k) for k in held} == {k: cache.host.held(k) for k in held}, request
         seen.update(predicted.tiers())
-    assert cache.host.counters.host_evicted_users == 0
     event(f"tiers seen: {sorted(t.value for t in seen)}")  # --hypothesis-show-statistics
+    event(f"host evictions: {'some' if cache.host.counters.host_evicted_users else 'none'}")
 
 
 def test_a_non_default_chunk_is_predicted_and_the_default_chunk_would_not_be():
