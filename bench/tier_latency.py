@@ -33,7 +33,7 @@ import torch
 
 from bench.harness import ROOT, machine_load, table, this_command
 from hstu_replay.cache_ledger import pages
-from hstu_replay.interface import CONTROL_MODEL, KVCACHE, Limits
+from hstu_replay.interface import KVCACHE, Limits
 from hstu_replay.request import RequestTensors, UserRequest, build_request
 from hstu_replay.process import ServerProcess
 from hstu_replay.server.batched import build_batched_engine
@@ -155,18 +155,9 @@ class Served:
         return answer.cached_tokens, answer.host_cached_tokens
 
     def stats(self) -> dict[str, int]:
-        import tritonclient.grpc as grpcclient
+        from hstu_replay.server.cpp_backend import ControlModelStats  # any frontend's control model
 
-        from hstu_replay.server.serve import CONTROL_OUTPUTS
-
-        control = grpcclient.InferenceServerClient(self.server.grpc_url)
-        try:
-            clear = grpcclient.InferInput("CLEAR", [1], "INT64")
-            clear.set_data_from_numpy(np.zeros(1, dtype=np.int64))
-            result = control.infer(CONTROL_MODEL, [clear])
-        finally:
-            control.close()
-        return {name.lower(): int(result.as_numpy(name)[0]) for name in CONTROL_OUTPUTS}
+        return ControlModelStats(self.server.http_url).stats()
 
     def close(self) -> None:
         self.client.close()

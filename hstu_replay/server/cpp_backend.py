@@ -123,10 +123,11 @@ def install_backend(library: Path, backends: Path) -> None:
 
 
 class ControlModelStats:
-    """The cache's figures for the cache-metrics port, read through the control model (loopback HTTP)."""
+    """The cache's figures, read through the control model of the server at `url` (host:port, HTTP):
+    for the cache-metrics port, and for whoever reads a server's cache from outside."""
 
-    def __init__(self, options: ServeOptions) -> None:
-        self.url = f"{options.http_host}:{options.http_port}"
+    def __init__(self, url: str) -> None:
+        self.url = url
 
     def stats(self) -> dict[str, int]:
         import tritonclient.http as httpclient
@@ -160,4 +161,5 @@ def serve_cpp(settings: CppBackendSettings, options: ServeOptions, library: Path
                             ready=lambda: stopped() or ready())
 
     serve_workspace(options, stop, f"C++ backend models ({LIBRARY_NAME})", setup,
-                    beside=lambda: start_cache_metrics(ControlModelStats(options), options))
+                    beside=lambda: start_cache_metrics(ControlModelStats(f"{options.http_host}:{options.http_port}"),
+                                                       options))
