@@ -1,15 +1,19 @@
-"""The attention kernel's launch (tiles, warps, stages) on NVIDIA's protocol shapes, and its share of a step.
+"""The attention kernel's launch (tiles, warps, stages, SiLU, split) on NVIDIA's protocol shapes, and its share of a step.
 
     python -m bench.gpu_attention_tune --out OUT [--config kuairand-1k] [--history 4096] [--candidates 100]
+        [--package REPOSITORY]
 
 On a GPU, bf16: 8 users of `--history` items (6 + 2 x history tokens) and `--candidates` each, as
 the protocol's batch of 8 sends them: cold (nothing cached: every history token a query) and fully
-cached (the candidates against the pooled keys). For each `KernelLaunch` in the grid: the kernel's
-time (triton.testing.do_bench, median), its useful TFLOP/s (the rows x keys each item really
-visits), and the largest difference of its output from the default launch's (every launch must
-give the same sums). Then the batched engine's whole eager step (`BatchedEngine.step`, the kernel
-inside, `--config`'s layers) on the same shapes, so that the attention's share of a cold step
-shows. Prints a table per shape and writes attention_tune.json under --out.
+cached (the candidates against the pooled keys). For each `KernelLaunch` in the grid (and, fully
+cached, each split of the keys: `min_programs`): the kernel's time (triton.testing.do_bench,
+median), its useful TFLOP/s (the rows x keys each item really visits), and the largest difference
+of its output from the default launch's (every launch must give the same sums, within what a
+16-bit SiLU changes). Then the batched engine's whole step on the same shapes (`BatchedEngine.step`,
+`--config`'s layers): eager, and with `--package` the batched-aoti package compiled into that
+repository (compiled there first when missing), what the C++ backend runs; for the last of them,
+where the step's GPU time goes (torch.profiler: kernels by name, ms per step). Prints a table per
+shape and writes attention_tune.json under --out.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,13 +29,20 @@ import torch
 
 from bench.harness import table, this_command
 from hstu_replay.server.model_config import get_config
-from hstu_replay.server.paged_attention import LAUNCH, KernelLaunch, WorkPlan, paged_attention
+from hstu_replay.server.paged_attention import (LAUNCH, MIN_PROGRAMS, SILU_TANH_BF16X2, KernelLaunch, WorkPlan,
+                                                paged_attention)
 
 PAGE_TOKENS = 32
 BATCH = 8
 GRID = [LAUNCH] + [KernelLaunch(m, n, w, s) for m, n, w, s in [
-    (128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 4), (128, 64, 4, 3), (128, 32, 4, 3), (64, 64, 4, 3),
-    (64, 64, 4, 4), (64, 128, 4, 3), (64, 128, 8, 3), (128, 128, 4, 2)] if KernelLaunch(m, n, w, s) != LAUNCH]
+    (128, 128, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3), (128, 128, 4, 2)]
+    if KernelLaunch(m, n, w, s) != LAUNCH]
+GRID += [replace(launch, silu=SILU_TANH_BF16X2) for launch in [LAUNCH, KernelLaunch(128, 128, 4, 2),
+                                                                 KernelLaunch(64, 64, 4, 4)]
+         if launch.silu != SILU_TANH_BF16X2]
+#: fully cached only: how many programs the keys are split to reach (the plan's `min_programs`)
+SPLITS = [132, 264, 1024, 2048]
+TOP_KERNELS = 14
 
 
 def case(past: int, n_hist: int, n_cand: int, heads: int, head_dim: int, device, rng) -> dict:
@@ -57,10 +68,12 @@ def useful_flops(items: np.ndarray, heads: int, head_dim: int) -> float:
     return float((rows * keys).sum()) * heads * head_dim * 4
 
 
-def time_launch(launch: KernelLaunch, data: dict, heads: int, normaliser: float, head_dim: int):
+def time_launch(launch: KernelLaunch, data: dict, heads: int, normaliser: float, head_dim: int,
+                min_programs: int = MIN_PROGRAMS):
     import triton.testing
 
-    plan = WorkPlan.plan(*data["lengths"], heads, block_m=launch.block_m, block_n=launch.block_n)
+    plan = WorkPlan.plan(*data["lengths"], heads, block_m=launch.block_m, block_n=launch.block_n,
+                         min_programs=min_programs)
     items = torch.from_numpy(plan.items).to(data["q"].device)
 
     def call():
@@ -72,36 +85,76 @@ def time_launch(launch: KernelLaunch, data: dict, heads: int, normaliser: float,
     return ms, useful_flops(plan.items, heads, head_dim) / ms / 1e9, out.float()
 
 
-def time_step(config, data: dict, device) -> float:
-    """The batched engine's eager forward pass on this shape (ms, CUDA events, median of 20)."""
-    from hstu_replay.server.batched import build_batched_engine
-    from hstu_replay.server.model import build_model
-    from hstu_replay.server.step_graphs import StepInputs
+class StepCase:
+    """The batched engine's whole forward pass on one shape, eager or through a package's
+    `forward_step`, with device inputs laid out as the engine lays them out."""
 
-    model = build_model(config, 0).to(device=device, dtype=torch.bfloat16)
-    past, n_hist, n_cand = data["lengths"]
-    budget = int(BATCH * (past[0] + n_hist[0])) + 1024
-    engine = build_batched_engine(model, budget, PAGE_TOKENS)
-    plan = WorkPlan.plan(past, n_hist, n_cand, config.num_heads)
-    tokens = int((n_hist + n_cand).sum())
-    pages_each = data["page_table"].shape[1]
-    table = torch.arange(BATCH * pages_each, device=device).view(BATCH, pages_each)
-    hist_pos = torch.cat([torch.arange(int(past[u]), int(past[u] + n_hist[u])) for u in range(BATCH)]).to(device)
-    owner = torch.arange(BATCH, device=device).repeat_interleave(int(n_hist[0]))
-    slots = table[owner, hist_pos // PAGE_TOKENS] * PAGE_TOKENS + hist_pos % PAGE_TOKENS
-    ids = torch.randint(1, 1000, (tokens,), device=device)
-    kinds = torch.full((tokens,), 6, device=device)
-    positions = torch.cat([hist_pos, torch.full((tokens - len(hist_pos),), int(past[0] + n_hist[0]), device=device)])
-    inputs = StepInputs(ids, kinds, positions, table, torch.from_numpy(plan.items).to(device))
-    times = []
-    for _ in range(25):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        engine.step(inputs, plan.split, slots)
-        end.record()
+    def __init__(self, config, data: dict, device, forward_step=None) -> None:
+        from hstu_replay.server.batched import build_batched_engine
+        from hstu_replay.server.model import build_model
+        from hstu_replay.server.step_graphs import StepInputs
+
+        model = build_model(config, 0).to(device=device, dtype=torch.bfloat16)
+        past, n_hist, n_cand = data["lengths"]
+        budget = int(BATCH * (past[0] + n_hist[0])) + 1024
+        self.engine = build_batched_engine(model, budget, PAGE_TOKENS, forward_step=forward_step)
+        self.plan = WorkPlan.plan(past, n_hist, n_cand, config.num_heads)
+        tokens = int((n_hist + n_cand).sum())
+        pages_each = data["page_table"].shape[1]
+        table = torch.arange(BATCH * pages_each, device=device).view(BATCH, pages_each)
+        hist_pos = torch.cat([torch.arange(int(past[u]), int(past[u] + n_hist[u])) for u in range(BATCH)]).to(device)
+        owner = torch.arange(BATCH, device=device).repeat_interleave(int(n_hist[0]))
+        self.slots = table[owner, hist_pos // PAGE_TOKENS] * PAGE_TOKENS + hist_pos % PAGE_TOKENS
+        ids = torch.randint(1, 1000, (tokens,), device=device)
+        kinds = torch.full((tokens,), 6, device=device)
+        positions = torch.cat([hist_pos, torch.full((tokens - len(hist_pos),), int(past[0] + n_hist[0]),
+                                                    device=device)])
+        self.inputs = StepInputs(ids, kinds, positions, table, torch.from_numpy(self.plan.items).to(device))
+
+    def run(self) -> None:
+        self.engine.step(self.inputs, self.plan.split, self.slots)
+
+    def time(self, calls: int = 25, warm: int = 5) -> float:
+        """ms per step (CUDA events, median of the calls after `warm`)."""
+        times = []
+        for _ in range(calls):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self.run()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        return float(np.median(times[warm:]))
+
+    def kernels(self, steps: int = 5) -> list[dict]:
+        """The step's GPU time by kernel name (torch.profiler), ms per step, largest first."""
+        from torch.profiler import ProfilerActivity, profile
+
+        self.run()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return float(np.median(times[5:]))
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                self.run()
+            torch.cuda.synchronize()
+        totals: dict[str, list[float]] = {}
+        for event in prof.events():
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                entry = totals.setdefault(event.name, [0.0, 0])
+                entry[0] += event.device_time_total / 1e3
+                entry[1] += 1
+        gpu = sum(t for t, _ in totals.values()) / steps
+        rows = [{"kernel": name[:90], "ms": t / steps, "share": t / steps / gpu if gpu else 0.0, "calls": n // steps}
+                for name, (t, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])]
+        return [{"kernel": "(all kernels)", "ms": gpu, "share": 1.0, "calls": sum(r["calls"] for r in rows)}] + rows
+
+
+def package_step(repository: Path, config):
+    """The batched-aoti package of `config` in `repository` (compiled there first when missing)."""
+    from hstu_replay.server.aoti import load_batched_step
+    from hstu_replay.server.build import batched_step_path, prepare_engine
+
+    prepare_engine("batched-aoti", repository, config, 0, PAGE_TOKENS, "cuda")
+    return load_batched_step(batched_step_path(repository, config, 0, PAGE_TOKENS, "cuda"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="kuairand-1k")
     parser.add_argument("--history", type=int, default=4096)
     parser.add_argument("--candidates", type=int, default=100)
+    parser.add_argument("--package", type=Path, default=None,
+                        help="a repository: time the batched-aoti package compiled there too")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_attention_tune: needs a GPU", file=sys.stderr)
@@ -118,32 +173,44 @@ def main(argv: list[str] | None = None) -> int:
     tokens = 6 + 2 * args.history
     shapes = {"cold": (0, tokens, args.candidates), "fully cached": (tokens, 0, args.candidates)}
     result = {"command": this_command(), "device": torch.cuda.get_device_name(), "shapes": {}}
+    steps = {"eager": None} | ({"package": package_step(args.package, config)} if args.package else {})
     for name, (past, n_hist, n_cand) in shapes.items():
         data = case(past, n_hist, n_cand, config.num_heads, config.head_dim, device, rng)
         rows, reference = [], None
-        for launch in GRID:
+        splits = [MIN_PROGRAMS] + (SPLITS if name == "fully cached" else [])
+        for launch, min_programs in [(g, MIN_PROGRAMS) for g in GRID] + [(g, m) for m in splits[1:]
+                                                                         for g in (LAUNCH, GRID[-3])]:
+            row = {**asdict(launch), "min_programs": min_programs}
             try:
-                ms, tflops, out = time_launch(launch, data, config.num_heads, config.attn_normaliser, config.head_dim)
+                ms, tflops, out = time_launch(launch, data, config.num_heads, config.attn_normaliser, config.head_dim,
+                                              min_programs)
             except Exception as exc:  # a launch the compiler or the device refuses (shared memory, registers)
-                rows.append({**asdict(launch), "error": str(exc).splitlines()[0][:160]})
+                rows.append({**row, "error": str(exc).splitlines()[0][:160]})
                 continue
             reference = out if reference is None else reference
-            rows.append({**asdict(launch), "ms": ms, "tflops": tflops,
-                         "max_diff": float((out - reference).abs().max())})
-        try:
-            step = f"{time_step(config, data, device):.3f} ms"
-        except Exception as exc:  # the table above still stands
-            step = f"failed: {str(exc).splitlines()[0][:160]}"
-        result["shapes"][name] = {"launches": rows, "step": step, "layers": config.num_layers}
+            rows.append({**row, "ms": ms, "tflops": tflops, "max_diff": float((out - reference).abs().max())})
+        timed, breakdown = {}, []
+        for label, forward_step in steps.items():
+            try:
+                step = StepCase(config, data, device, forward_step)
+                timed[label] = f"{step.time():.3f} ms"
+                breakdown = step.kernels()
+            except Exception as exc:  # the table above still stands
+                timed[label] = f"failed: {str(exc).splitlines()[0][:160]}"
+        result["shapes"][name] = {"launches": rows, "steps": timed, "kernels": breakdown, "layers": config.num_layers}
         print(f"== {name}: {BATCH} users, past {past}, new history {n_hist}, candidates {n_cand}; "
-              f"eager step ({config.num_layers} layers, default launch) {step}")
-        print(table(["block_m", "block_n", "warps", "stages", "ms", "TFLOP/s", "max diff", "error"],
-                    [[r["block_m"], r["block_n"], r["num_warps"], r["num_stages"], r.get("ms", ""),
-                      r.get("tflops", ""), r.get("max_diff", ""), r.get("error", "")] for r in rows]))
+              f"step ({config.num_layers} layers, default launch): {timed}")
+        print(table(["block_m", "block_n", "warps", "stages", "silu", "min programs", "ms", "TFLOP/s", "max diff",
+                     "error"],
+                    [[r["block_m"], r["block_n"], r["num_warps"], r["num_stages"], r["silu"], r["min_programs"],
+                      r.get("ms", ""), r.get("tflops", ""), r.get("max_diff", ""), r.get("error", "")] for r in rows]))
+        if breakdown:
+            print(f"-- where the {list(steps)[-1]} step's GPU time goes (ms per step)")
+            print(table(["kernel", "ms", "share", "calls"],
+                        [[r["kernel"], r["ms"], f"{r['share']:.1%}", r["calls"]] for r in breakdown[:TOP_KERNELS]]))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "attention_tune.json").write_text(json.dumps(result, indent=1))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

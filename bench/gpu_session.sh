@@ -17,7 +17,8 @@
 #   protocol-cpp  NVIDIA's protocol against that backend serving the batched step (CPP_CONFIGS, default 3 and 8
 #                 layers)
 #   attention-tune the attention kernel's launches on the protocol's cold and cached shapes, and the eager
-#                 step's time (bench/gpu_attention_tune.py)
+#                 step's time (bench/gpu_attention_tune.py); with the package protocol-cpp compiled, where
+#                 present, that package's step and its kernels too
 #   profile       where a served batch-8 request's time goes (bench/gpu_serving_profile.py), Python backend
 #                 with CUDA graphs and without; the backend's phase lines (HSTU_REPLAY_BACKEND_PHASES)
 #   profile-cpp   the same against our C++ backend, on the package protocol-cpp compiled (else compiled here)
@@ -98,7 +99,11 @@ step_profile_cpp() {
     profile_variants profile-cpp --engine batched-aoti --frontend cpp-backend \
         --repository "$OUT/protocol-cpp/repository-${PROFILE_CONFIG:-kuairand-1k}"
 }
-step_attention_tune() { $PY -m bench.gpu_attention_tune --out "$OUT/attention-tune"; }
+step_attention_tune() {
+    local repo=$OUT/protocol-cpp/repository-${PROFILE_CONFIG:-kuairand-1k}
+    $PY -m bench.gpu_attention_tune --out "$OUT/attention-tune" --config "${PROFILE_CONFIG:-kuairand-1k}" \
+        $( [ -d "$repo" ] && echo --package "$repo" )
+}
 step_locust() { SERVE_ARGS="$NATIVE" bash bench/gpu_locust.sh "$OUT/locust"; }
 step_locust_cpp() {
     ENGINE=batched-aoti SERVE_ARGS="--frontend cpp-backend --repository $OUT/protocol-cpp/repository-kuairand-1k" \

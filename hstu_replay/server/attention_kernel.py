@@ -6,7 +6,14 @@ import triton.language as tl
 
 @triton.jit
 def silu(s, FAST: tl.constexpr):
-    if FAST:  # x * sigmoid(x) = x/2 * (1 + tanh(x/2)): one hardware tanh, no division
+    """x * sigmoid(x) = h + h * tanh(h) with h = x / 2: one hardware tanh, no division. FAST is one of
+    paged_attention's SILU_* (2: in 16 bits; 1: in 32; 0: the sigmoid)."""
+    if FAST == 2:  # the scores' weights are rounded to 16 bits for the next product anyway
+        h = (s * 0.5).to(tl.bfloat16)
+        t = tl.inline_asm_elementwise("tanh.approx.bf16x2 $0, $1;", "=r,r", [h], dtype=tl.bfloat16,
+                                      is_pure=True, pack=2)
+        return h + h * t
+    if FAST == 1:
         t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [s * 0.5], dtype=tl.float32,
                                       is_pure=True, pack=1)
         return s * 0.5 + s * 0.5 * t

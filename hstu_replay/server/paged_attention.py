@@ -28,6 +28,9 @@ BLOCK_M = 128  # query rows per work item
 BLOCK_N = 64  # keys per step of the kernel's loop
 #: Split keys when the query blocks alone would give fewer programs than this (about 4 per SM of an H100/H200).
 MIN_PROGRAMS = 512
+#: How the kernel computes SiLU on a GPU (its FAST_SILU): the sigmoid (exact; what the interpreter
+#: runs), one hardware tanh in 32 bits, or one hardware tanh for two 16-bit values (sm_90 on, bf16 only)
+SILU_SIGMOID, SILU_TANH, SILU_TANH_BF16X2 = 0, 1, 2
 _USER, _ROW0, _ROWS, _POS0, _STEP, _KEY0, _KEY_END = range(7)
 
 
@@ -102,6 +105,7 @@ class KernelLaunch:
     # against 331 TFLOP/s), fully cached 0.102 against 0.124 ms (bench/gpu_attention_tune.py)
     num_warps: int = 4
     num_stages: int = 3  # on a GPU in 16 bits; 1 otherwise
+    silu: int = SILU_TANH  # SILU_*; the interpreter always takes the sigmoid
 
     def __call__(self, kernel, q: Tensor, k: Tensor, v: Tensor, pool_k: Tensor, pool_v: Tensor, out: Tensor,
                  items: Tensor, page_table: Tensor, page_tokens: int, normaliser: float, split: bool) -> None:
@@ -112,8 +116,13 @@ class KernelLaunch:
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), pool_k.stride(0), pool_k.stride(1), out.stride(0),
             out.stride(1), page_table.stride(0), 1.0 / normaliser,
             PAGE=page_tokens, BLOCK_M=self.block_m, BLOCK_N=self.block_n, HEAD_DIM=head_dim, SPLIT=split,
-            FAST_SILU=q.is_cuda, num_warps=self.num_warps,
+            FAST_SILU=self._silu(q), num_warps=self.num_warps,
             num_stages=self.num_stages if q.is_cuda and q.element_size() == 2 else 1)
+
+    def _silu(self, q: Tensor) -> int:
+        if not q.is_cuda:
+            return SILU_SIGMOID
+        return self.silu if q.dtype == torch.bfloat16 else min(self.silu, SILU_TANH)
 
 
 LAUNCH = KernelLaunch()
