@@ -11,8 +11,8 @@ median), its useful TFLOP/s (the rows x keys each item really visits), and the l
 of its output from the default launch's (every launch must give the same sums, within what a
 16-bit SiLU changes). Then the batched engine's whole step on the same shapes (`BatchedEngine.step`,
 `--config`'s layers): eager, and with `--package` the batched-aoti package compiled into that
-repository (compiled there first when missing), what the C++ backend runs; for the last of them,
-where the step's GPU time goes (torch.profiler: kernels by name, ms per step). Prints a table per
+repository (compiled there first when missing), what the C++ backend runs; for each,
+where each step's GPU time goes (torch.profiler: kernels by name, ms per step). Prints a table per
 shape and writes attention_tune.json under --out.
 """
 
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("gpu_attention_tune: needs a GPU", file=sys.stderr)
         return 2
-    config, device, rng = get_config(args.config), torch.device("cuda"), np.random.default_rng(0)
+    config, device, rng = get_config(args.config, "bfloat16"), torch.device("cuda"), np.random.default_rng(0)
     tokens = 6 + 2 * args.history
     shapes = {"cold": (0, tokens, args.candidates), "fully cached": (tokens, 0, args.candidates)}
     result = {"command": this_command(), "device": torch.cuda.get_device_name(), "shapes": {}}
@@ -189,12 +189,12 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             reference = out if reference is None else reference
             rows.append({**row, "ms": ms, "tflops": tflops, "max_diff": float((out - reference).abs().max())})
-        timed, breakdown = {}, []
+        timed, breakdown = {}, {}
         for label, forward_step in steps.items():
             try:
                 step = StepCase(config, data, device, forward_step)
                 timed[label] = f"{step.time():.3f} ms"
-                breakdown = step.kernels()
+                breakdown[label] = step.kernels()
             except Exception as exc:  # the table above still stands
                 timed[label] = f"failed: {str(exc).splitlines()[0][:160]}"
         result["shapes"][name] = {"launches": rows, "steps": timed, "kernels": breakdown, "layers": config.num_layers}
@@ -204,10 +204,10 @@ def main(argv: list[str] | None = None) -> int:
                      "error"],
                     [[r["block_m"], r["block_n"], r["num_warps"], r["num_stages"], r["silu"], r["min_programs"],
                       r.get("ms", ""), r.get("tflops", ""), r.get("max_diff", ""), r.get("error", "")] for r in rows]))
-        if breakdown:
-            print(f"-- where the {list(steps)[-1]} step's GPU time goes (ms per step)")
+        for label, kernels in breakdown.items():
+            print(f"-- where the {label} step's GPU time goes (ms per step)")
             print(table(["kernel", "ms", "share", "calls"],
-                        [[r["kernel"], r["ms"], f"{r['share']:.1%}", r["calls"]] for r in breakdown[:TOP_KERNELS]]))
+                        [[r["kernel"], r["ms"], f"{r['share']:.1%}", r["calls"]] for r in kernels[:TOP_KERNELS]]))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "attention_tune.json").write_text(json.dumps(result, indent=1))
     return 0

@@ -17,8 +17,8 @@
 #   protocol-cpp  NVIDIA's protocol against that backend serving the batched step (CPP_CONFIGS, default 3 and 8
 #                 layers)
 #   attention-tune the attention kernel's launches on the protocol's cold and cached shapes, and the eager
-#                 step's time (bench/gpu_attention_tune.py); with the package protocol-cpp compiled, where
-#                 present, that package's step and its kernels too
+#                 step's time, and the batched-aoti package's (the one protocol-cpp serves, compiled
+#                 here when protocol-cpp has not run), each step's kernels (bench/gpu_attention_tune.py)
 #   profile       where a served batch-8 request's time goes (bench/gpu_serving_profile.py), Python backend
 #                 with CUDA graphs and without; the backend's phase lines (HSTU_REPLAY_BACKEND_PHASES)
 #   profile-cpp   the same against our C++ backend, on the package protocol-cpp compiled (else compiled here)
@@ -102,7 +102,7 @@ step_profile_cpp() {
 step_attention_tune() {
     local repo=$OUT/protocol-cpp/repository-${PROFILE_CONFIG:-kuairand-1k}
     $PY -m bench.gpu_attention_tune --out "$OUT/attention-tune" --config "${PROFILE_CONFIG:-kuairand-1k}" \
-        $( [ -d "$repo" ] && echo --package "$repo" )
+        --package "$repo"
 }
 step_locust() { SERVE_ARGS="$NATIVE" bash bench/gpu_locust.sh "$OUT/locust"; }
 step_locust_cpp() {

@@ -7,17 +7,20 @@ import triton.language as tl
 @triton.jit
 def silu(s, FAST: tl.constexpr):
     """x * sigmoid(x) = h + h * tanh(h) with h = x / 2: one hardware tanh, no division. FAST is one of
-    paged_attention's SILU_* (2: in 16 bits; 1: in 32; 0: the sigmoid)."""
-    if FAST == 2:  # the scores' weights are rounded to 16 bits for the next product anyway
+    paged_attention's SILU_* (2: in 16 bits, two values a tanh; 1: in 32 bits; 0: the sigmoid)."""
+    if FAST == 2:  # the weights are rounded to 16 bits for the next product anyway
         h = (s * 0.5).to(tl.bfloat16)
         t = tl.inline_asm_elementwise("tanh.approx.bf16x2 $0, $1;", "=r,r", [h], dtype=tl.bfloat16,
                                       is_pure=True, pack=2)
-        return h + h * t
-    if FAST == 1:
+        w = h + h * t
+    elif FAST == 1:
         t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [s * 0.5], dtype=tl.float32,
                                       is_pure=True, pack=1)
-        return s * 0.5 + s * 0.5 * t
-    return s * tl.sigmoid(s)
+        w = s * 0.5 + s * 0.5 * t
+    else:
+        w = s * tl.sigmoid(s)
+    return w
+
 
 @triton.jit
 def hstu_paged_attention(Q, K_NEW, V_NEW, K, V, OUT, ITEMS, PAGE_TABLE,
@@ -47,7 +50,8 @@ def hstu_paged_attention(Q, K_NEW, V_NEW, K, V, OUT, ITEMS, PAGE_TABLE,
         k_own = tl.load(K_NEW + own, mask=row_ok[:, None], other=0.0).to(tl.float32)
         v_own = tl.load(V_NEW + own, mask=row_ok[:, None], other=0.0).to(tl.float32)
         s_own = tl.sum(q.to(tl.float32) * k_own, axis=1)
-        acc += silu(s_own, FAST_SILU)[:, None] * v_own
+        # one value a row: a tanh of two packed values cannot apply here
+        acc += silu(s_own, 1 if FAST_SILU == 2 else FAST_SILU)[:, None] * v_own
     pages = PAGE_TABLE + user.to(tl.int64) * stride_page_table
     # keys below the block's first position are seen by every row: no mask
     unmasked_end = tl.maximum(key0, tl.minimum(key_end, (pos0 // BLOCK_N) * BLOCK_N))
