@@ -94,7 +94,7 @@ class StepCase:
         from hstu_replay.server.model import build_model
         from hstu_replay.server.step_graphs import StepInputs
 
-        model = build_model(config, 0).to(device=device, dtype=torch.bfloat16)
+        model = build_model(config, 0).to(device=device, dtype=getattr(torch, config.dtype))
         past, n_hist, n_cand = data["lengths"]
         budget = int(BATCH * (past[0] + n_hist[0])) + 1024
         self.engine = build_batched_engine(model, budget, PAGE_TOKENS, forward_step=forward_step)
@@ -109,7 +109,9 @@ class StepCase:
         kinds = torch.full((tokens,), 6, device=device)
         positions = torch.cat([hist_pos, torch.full((tokens - len(hist_pos),), int(past[0] + n_hist[0]),
                                                     device=device)])
-        self.inputs = StepInputs(ids, kinds, positions, table, torch.from_numpy(self.plan.items).to(device))
+        # the engine hands every index over as int64 (one packed copy): the package is compiled for that
+        items = torch.from_numpy(self.plan.items.astype(np.int64)).to(device)
+        self.inputs = StepInputs(ids, kinds, positions, table, items)
 
     def run(self) -> None:
         self.engine.step(self.inputs, self.plan.split, self.slots)
