@@ -26,8 +26,10 @@ from torch import Tensor
 
 BLOCK_M = 128  # query rows per work item
 BLOCK_N = 64  # keys per step of the kernel's loop
-#: Split keys when the query blocks alone would give fewer programs than this (about 4 per SM of an H100/H200).
-MIN_PROGRAMS = 512
+#: Split keys when the query blocks alone would give fewer programs than this (2 per SM of an H100/H200:
+#: on the H200 a fully cached batch of 8 protocol users took 0.094 ms against 0.124 with 512 and 0.105
+#: with 132, bench/gpu_attention_tune.py). cpp/backend/work_plan.h's kMinPrograms is the same number.
+MIN_PROGRAMS = 264
 #: How the kernel computes SiLU on a GPU (its FAST_SILU): the sigmoid (exact; what the interpreter
 #: runs), one hardware tanh in 32 bits, or one hardware tanh for two 16-bit values (sm_90 on, bf16 only)
 SILU_SIGMOID, SILU_TANH, SILU_TANH_BF16X2 = 0, 1, 2
