@@ -37,6 +37,7 @@ from hstu_replay.interface import KVCACHE, Limits
 from hstu_replay.request import RequestTensors, UserRequest, build_request
 from hstu_replay.process import ServerProcess
 from hstu_replay.server.batched import build_batched_engine
+from hstu_replay.server.cli import FRONTENDS
 from hstu_replay.server.model_config import ModelConfig, get_config
 from hstu_replay.server.host_tier import HostTierOptions, KVLayout, OffloadMode
 from hstu_replay.server.model import build_model
@@ -132,9 +133,8 @@ class InProcess:
 
 
 class Served:
-    """`server serve --frontend <frontend>` of the batched engine on loopback, driven over gRPC."""
-
-    ENGINES = {"pytriton": "batched", "python-backend": "batched", "cpp-backend": "batched-aoti"}
+    """`server serve --frontend <frontend>` of the batched engine on loopback, driven over gRPC (the
+    Python frontends' eager one; the C++ backend's, compiled, is the only one it serves)."""
 
     def __init__(self, frontend: str, setup: Setup, gpu_tokens: int, host: HostTierOptions) -> None:
         from hstu_replay.client.triton import ClientOptions, TritonClient
@@ -142,7 +142,7 @@ class Served:
         cfg = setup.cfg
         self.server = ServerProcess.serve(
             setup.work / "repository", setup.work / f"{frontend}.log", None, "--frontend", frontend,
-            "--engine", self.ENGINES[frontend], "--config", cfg.name, "--dtype", cfg.dtype, "--device", setup.device,
+            *([] if frontend == "cpp-backend" else ["--engine", "batched"]), "--config", cfg.name, "--dtype", cfg.dtype, "--device", setup.device,
             "--page-tokens", str(setup.page_tokens), "--threads", str(setup.threads),
             "--cache-budget-tokens", str(gpu_tokens), "--host-budget-tokens", str(host.budget_tokens),
             "--offload-mode", host.mode.value, "--offload-chunk-tokens", str(host.chunk_tokens),
@@ -212,8 +212,8 @@ def main() -> int:
                              "cpp-backend)")
     args = parser.parse_args()
     targets = args.targets.split(",")
-    if not set(targets) <= {"in-process", *Served.ENGINES}:
-        raise SystemExit(f"tier_latency: --targets {args.targets}: in-process or {', '.join(Served.ENGINES)}")
+    if not set(targets) <= {"in-process", *FRONTENDS}:
+        raise SystemExit(f"tier_latency: --targets {args.targets}: in-process or {', '.join(FRONTENDS)}")
     threads = apply_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("tier_latency: --device cuda: no CUDA device is visible")

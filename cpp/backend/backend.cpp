@@ -256,7 +256,8 @@ std::unique_ptr<ModelState> load(TRITONBACKEND_Model* model) {
     state->interface.inputs[pair.substr(0, eq)] = pair.substr(eq + 1);
   }
   state->interface.logits = params.text("logits_output");
-  state->interface.cache_outputs = state->role == "cached";
+  const bool cached = state->role == "cached";
+  state->interface.cache_outputs = cached;
   TRITONBACKEND_ArtifactType artifact;
   const char* location = nullptr;
   uint64_t version = 0;
@@ -267,7 +268,6 @@ std::unique_ptr<ModelState> load(TRITONBACKEND_Model* model) {
                                {params.integer("max_batch"), params.integer("max_history"),
                                 params.integer("max_candidates")},
                                dtype_named(params.text("dtype"))};
-  const bool cached = state->role == "cached";
   const int64_t budget = cached ? params.integer("cache_budget_tokens") : 0;
   const hstu::HostTierShape host =
       cached ? hstu::HostTierShape{params.integer("host_budget_tokens"), hstu::offload_mode_named(params.text("offload_mode")),
@@ -275,7 +275,7 @@ std::unique_ptr<ModelState> load(TRITONBACKEND_Model* model) {
              : hstu::HostTierShape{0, hstu::OffloadMode::kNative, 1};
   state->engine =
       std::make_shared<hstu::Engine>(package, shape, budget, params.integer("page_tokens"), host, state->name);
-  if (state->role == "cached") {
+  if (cached) {
     std::lock_guard<std::mutex> hold(registry_lock);
     cached_engines[state->name] = state->engine;
   }

@@ -114,8 +114,12 @@ def test_the_client_model_predicts_every_request_of_the_reference_targets_two_ti
               f"gpu hit ratio {tiers['gpu_ratio']:.4f} host {tiers['host_ratio']:.4f}")
 
 
-def test_a_server_offloading_in_chunks_of_64_is_predicted_by_a_client_told_its_chunk(compiled_repository,
-                                                                                     sample_store, tmp_path):
+@pytest.mark.parametrize("frontend, engine, repository", [
+    ("pytriton", "batched", "compiled_repository"),
+    ("cpp-backend", "batched-aoti", "batched_step_repository"),  # the C++ tier's own chunked offload
+])
+def test_a_server_offloading_in_chunks_of_64_is_predicted_by_a_client_told_its_chunk(frontend, engine, repository,
+                                                                                     sample_store, tmp_path, request):
     """The reference target under native offload in chunks of 64 tokens (NVIDIA's default is 1,024):
     the client given the same --offload-chunk-tokens predicted every request's hits, per tier, as the
     server reported them, and the host tier served hits (histories of up to 518 tokens fill 64-token
@@ -124,11 +128,14 @@ def test_a_server_offloading_in_chunks_of_64_is_predicted_by_a_client_told_its_c
     from tests.conftest import start_server, stop_server
 
     chunk = ("--offload-mode", "native", "--offload-chunk-tokens", "64")
-    server = start_server(compiled_repository, tmp_path / "server.log", "--engine", "batched",
-                          "--cache-budget-tokens", str(GPU), "--host-budget-tokens", str(HOST), *chunk,
-                          "--threads", "1")
+    server = start_server(request.getfixturevalue(repository), tmp_path / "server.log", "--engine", engine,
+                          "--frontend", frontend, "--cache-budget-tokens", str(GPU), "--host-budget-tokens",
+                          str(HOST), *chunk, "--threads", "1", ready_timeout=600)
     try:
-        result = run_locust(tmp_path / "run", "-u", "2", "-r", "2", "--triton-url", server.grpc_url,
+        # one user: the model predicts in send order, and two users' requests in flight together can
+        # reach the server the other way round, which moves the LRU order that tiers are exact about
+        # (seen once against the C++ backend: one user of 3,500 a GPU hit where the model said host)
+        result = run_locust(tmp_path / "run", "-u", "1", "-r", "1", "--triton-url", server.grpc_url,
                             "--workload", "sessions", "--store", str(sample_store), "--hit-ratios", "0.5",
                             "--batch-sizes", "1,4", "--stage-seconds", "6", "--warmup-seconds", "3",
                             "--max-history", "256", "--tier-mix", "gpu:0.6,host:0.3,miss:0.1", *chunk)
