@@ -207,7 +207,7 @@ class NoCachePackage:
 
 class BatchedStepPackage:
     """A loaded batched-step package behind `BatchedStep`'s call (its `split` is not needed: the
-    package's attention adds partial sums whatever the plan). Its caller, the batched engine, runs
+    package's attention is right for any plan). Its caller, the batched engine, runs
     one call at a time (under its lock)."""
 
     def __init__(self, path: str | os.PathLike) -> None:

@@ -75,7 +75,10 @@ def hstu_paged_attention(Q, K_NEW, V_NEW, K, V, OUT, ITEMS, PAGE_TABLE,
         acc += tl.dot(w.to(v.dtype), v)
     acc = acc * scale
     out = OUT + (row0 + m).to(tl.int64)[:, None] * stride_ot + head * stride_oh + d[None, :]
-    if SPLIT:
+    # SPLIT: OUT starts at zero and items may share rows. An item that visits its rows' whole key
+    # range (from key 0 to its last row's end) is their only one: it writes them; a chunk adds.
+    whole = (key0 == 0) & (key_end == pos0 + step * (rows - 1) + 1)
+    if SPLIT and not whole:
         tl.atomic_add(out, acc, mask=row_ok[:, None])
     else:
         tl.store(out, acc.to(OUT.dtype.element_ty), mask=row_ok[:, None])

@@ -4,8 +4,9 @@
 an opaque operator: a package compiled for a CPU calls back into this process for it (the operator
 must be registered, which importing this module does). `hstu_replay::paged_attention_triton` is the
 Triton kernel as a `triton_op`: AOTInductor compiles the kernel into a GPU package, which then needs
-no Python to run it. `exportable` picks one by device. Both add partial sums (the kernel's
-split mode), which is right for every `WorkPlan`, split or not, so one package serves them all.
+no Python to run it. `exportable` picks one by device. Both are right for every `WorkPlan`, split
+or not, so one package serves them all: the kernel runs in its split mode, where an item that is
+the only one of its rows writes them and only the chunks of a split add atomically.
 """
 
 from __future__ import annotations

@@ -227,17 +227,21 @@ def _kernel_main() -> None:
     for spec in KERNEL_CASES:
         case = make_case(**spec)
         for plan, pad in itertools.product((case.plan(), case.plan(min_programs=1)), (0, 3)):
-            # padded as a CUDA graph pads a step: items of no rows after the real ones
-            items = torch.from_numpy(np.concatenate([plan.items, np.zeros((pad, 7), dtype=plan.items.dtype)]))
-            got = paged_attention(case.q, case.k, case.v, case.pool_k, case.pool_v, case.page_table, plan.split,
-                                  items, case.page_tokens, case.normaliser)
+            # padded as a CUDA graph pads a step (items of no rows after the real ones), then run last item
+            # first: a GPU runs them in any order, so no item may rely on another having run before it
+            items = np.concatenate([plan.items, np.zeros((pad, 7), dtype=plan.items.dtype)])
+            items = torch.from_numpy(np.ascontiguousarray(items[::-1] if pad else items))
             want = case.reference(plan)
-            results.append({"kernel": "hstu_replay.server.attention_kernel" in sys.modules, "split": plan.split,
-                            "padded": pad, "cut": bool(np.any(plan.items[:, 5] > 0)),
-                            "dtype": str(got.dtype), "shape": list(got.shape), "finite": bool(got.isfinite().all()),
-                            "max_diff": float((got.float() - want).abs().max()),
-                            "max_diff_dense": float((want - dense(case)).abs().max()),
-                            "scale": float(want.abs().max())})
+            # the kernel's split mode whatever the plan, as a compiled step runs it: whole items write
+            for split in sorted({plan.split, True}):
+                got = paged_attention(case.q, case.k, case.v, case.pool_k, case.pool_v, case.page_table, split,
+                                      items, case.page_tokens, case.normaliser)
+                results.append({"kernel": "hstu_replay.server.attention_kernel" in sys.modules, "split": split,
+                                "plan_split": plan.split, "padded": pad, "cut": bool(np.any(plan.items[:, 5] > 0)),
+                                "dtype": str(got.dtype), "shape": list(got.shape),
+                                "finite": bool(got.isfinite().all()), "max_diff": float((got.float() - want).abs().max()),
+                                "max_diff_dense": float((want - dense(case)).abs().max()),
+                                "scale": float(want.abs().max())})
     print("RESULTS " + json.dumps(results))
 
 
@@ -249,8 +253,9 @@ def test_the_triton_kernel_equals_the_reference_under_the_interpreter():
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULTS "))
     results = json.loads(line[len("RESULTS "):])
-    assert [(r["split"], r["padded"]) for r in results] == [(True, 0), (True, 3), (False, 0), (False, 3)] * 2
-    assert results[0]["cut"] and results[4]["cut"]  # the split plans really cut keys into chunks
+    assert [(r["plan_split"], r["split"], r["padded"]) for r in results] == [
+        (True, True, 0), (True, True, 3), (False, False, 0), (False, True, 0), (False, False, 3), (False, True, 3)] * 2
+    assert results[0]["cut"] and results[6]["cut"]  # the split plans really cut keys into chunks
     for r in results:
         assert r["kernel"] and r["dtype"] == "torch.float32" and r["finite"], r
         assert r["scale"] > 1e-2, r  # not trivially zero
