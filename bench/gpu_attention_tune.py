@@ -6,13 +6,14 @@
 On a GPU, bf16: 8 users of `--history` items (6 + 2 x history tokens) and `--candidates` each, as
 the protocol's batch of 8 sends them: cold (nothing cached: every history token a query) and fully
 cached (the candidates against the pooled keys). For each `KernelLaunch` in the grid (and, fully
-cached, each split of the keys: `min_programs`): the kernel's time (triton.testing.do_bench,
+cached, each split of the keys: `min_programs`; cold, the kernel's split mode on the unsplit plan,
+as a compiled step runs it): the kernel's time (triton.testing.do_bench,
 median), its useful TFLOP/s (the rows x keys each item really visits), and the largest difference
 of its output from the default launch's (every launch must give the same sums, within what a
 16-bit SiLU changes). Then the batched engine's whole step on the same shapes (`BatchedEngine.step`,
 `--config`'s layers): eager, and with `--package` the batched-aoti package compiled into that
-repository (compiled there first when missing), what the C++ backend runs; for each,
-where each step's GPU time goes (torch.profiler: kernels by name, ms per step). Prints a table per
+repository (compiled there first when missing), what the C++ backend runs; and where each
+step's GPU time goes (torch.profiler: kernels by name, ms per step). Prints a table per
 shape and writes attention_tune.json under --out.
 """
 
@@ -69,7 +70,9 @@ def useful_flops(items: np.ndarray, heads: int, head_dim: int) -> float:
 
 
 def time_launch(launch: KernelLaunch, data: dict, heads: int, normaliser: float, head_dim: int,
-                min_programs: int = MIN_PROGRAMS):
+                min_programs: int = MIN_PROGRAMS, split_mode: bool = False):
+    """The kernel on `data` with a plan split to `min_programs`; `split_mode`: the kernel's split mode
+    whatever the plan, as a compiled step runs it (zeroed float32 output, shared rows added)."""
     import triton.testing
 
     plan = WorkPlan.plan(*data["lengths"], heads, block_m=launch.block_m, block_n=launch.block_n,
@@ -78,7 +81,7 @@ def time_launch(launch: KernelLaunch, data: dict, heads: int, normaliser: float,
 
     def call():
         return paged_attention(data["q"], data["k"], data["v"], data["pool_k"], data["pool_v"], data["page_table"],
-                               plan.split, items, PAGE_TOKENS, normaliser, launch)
+                               plan.split or split_mode, items, PAGE_TOKENS, normaliser, launch)
 
     out = call()
     ms = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median")
@@ -179,13 +182,16 @@ def main(argv: list[str] | None = None) -> int:
     for name, (past, n_hist, n_cand) in shapes.items():
         data = case(past, n_hist, n_cand, config.num_heads, config.head_dim, device, rng)
         rows, reference = [], None
-        splits = [MIN_PROGRAMS] + (SPLITS if name == "fully cached" else [])
-        for launch, min_programs in [(g, MIN_PROGRAMS) for g in GRID] + [(g, m) for m in splits[1:]
-                                                                         for g in (LAUNCH, GRID[-3])]:
-            row = {**asdict(launch), "min_programs": min_programs}
+        variants = [(g, MIN_PROGRAMS, False) for g in GRID]
+        if name == "fully cached":
+            variants += [(g, m, False) for m in SPLITS for g in (LAUNCH, replace(LAUNCH, silu=SILU_TANH_BF16X2))]
+        else:  # the plan is not split: the kernel as a compiled step runs it beside it
+            variants.append((LAUNCH, MIN_PROGRAMS, True))
+        for launch, min_programs, split_mode in variants:
+            row = {**asdict(launch), "min_programs": min_programs, "split_mode": split_mode}
             try:
                 ms, tflops, out = time_launch(launch, data, config.num_heads, config.attn_normaliser, config.head_dim,
-                                              min_programs)
+                                              min_programs, split_mode)
             except Exception as exc:  # a launch the compiler or the device refuses (shared memory, registers)
                 rows.append({**row, "error": str(exc).splitlines()[0][:160]})
                 continue
@@ -202,10 +208,11 @@ def main(argv: list[str] | None = None) -> int:
         result["shapes"][name] = {"launches": rows, "steps": timed, "kernels": breakdown, "layers": config.num_layers}
         print(f"== {name}: {BATCH} users, past {past}, new history {n_hist}, candidates {n_cand}; "
               f"step ({config.num_layers} layers, default launch): {timed}")
-        print(table(["block_m", "block_n", "warps", "stages", "silu", "min programs", "ms", "TFLOP/s", "max diff",
-                     "error"],
+        print(table(["block_m", "block_n", "warps", "stages", "silu", "min programs", "split mode", "ms", "TFLOP/s",
+                     "max diff", "error"],
                     [[r["block_m"], r["block_n"], r["num_warps"], r["num_stages"], r["silu"], r["min_programs"],
-                      r.get("ms", ""), r.get("tflops", ""), r.get("max_diff", ""), r.get("error", "")] for r in rows]))
+                      "always" if r["split_mode"] else "by plan", r.get("ms", ""), r.get("tflops", ""),
+                      r.get("max_diff", ""), r.get("error", "")] for r in rows]))
         for label, kernels in breakdown.items():
             print(f"-- where the {label} step's GPU time goes (ms per step)")
             print(table(["kernel", "ms", "share", "calls"],
