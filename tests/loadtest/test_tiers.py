@@ -95,7 +95,8 @@ def test_the_client_model_predicts_every_request_of_the_reference_targets_two_ti
                           "--frontend", frontend, "--cache-budget-tokens", str(GPU), "--host-budget-tokens",
                           str(HOST), "--offload-mode", "flexkv", "--threads", "1", ready_timeout=600)
     try:
-        result = run_locust(tmp_path / "run", "-u", "2", "-r", "2", "--triton-url", server.grpc_url,
+        # one user, as in the chunked test below: tiers are exact only in the order the model predicted
+        result = run_locust(tmp_path / "run", "-u", "1", "-r", "1", "--triton-url", server.grpc_url,
                             "--workload", "sessions", "--store", str(sample_store), "--hit-ratios", "0.8",
                             "--batch-sizes", "1,4", "--stage-seconds", "6", "--warmup-seconds", "3",
                             "--max-history", "256", "--tier-mix", "gpu:0.6,host:0.3,miss:0.1",
