@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         variants = [(g, MIN_PROGRAMS, False) for g in GRID]
         if name == "fully cached":
             variants += [(g, m, False) for m in SPLITS for g in (LAUNCH, replace(LAUNCH, silu=SILU_TANH_BF16X2))]
-        else:  # the plan is not split: the kernel as a compiled step runs it beside it
+        else:  # cold, the plan is not split: also the split mode on it, as a compiled step runs the kernel
             variants.append((LAUNCH, MIN_PROGRAMS, True))
         for launch, min_programs, split_mode in variants:
             row = {**asdict(launch), "min_programs": min_programs, "split_mode": split_mode}
