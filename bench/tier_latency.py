@@ -37,7 +37,7 @@ from hstu_replay.interface import KVCACHE, Limits
 from hstu_replay.request import RequestTensors, UserRequest, build_request
 from hstu_replay.process import ServerProcess
 from hstu_replay.server.batched import build_batched_engine
-from hstu_replay.server.cli import FRONTENDS
+from hstu_replay.server.cli import CPP_BACKEND_ENGINE, FRONTENDS
 from hstu_replay.server.model_config import ModelConfig, get_config
 from hstu_replay.server.host_tier import HostTierOptions, KVLayout, OffloadMode
 from hstu_replay.server.model import build_model
@@ -140,9 +140,10 @@ class Served:
         from hstu_replay.client.triton import ClientOptions, TritonClient
 
         cfg = setup.cfg
+        engine = CPP_BACKEND_ENGINE if frontend == "cpp-backend" else "batched"
         self.server = ServerProcess.serve(
             setup.work / "repository", setup.work / f"{frontend}.log", None, "--frontend", frontend,
-            *([] if frontend == "cpp-backend" else ["--engine", "batched"]), "--config", cfg.name, "--dtype", cfg.dtype, "--device", setup.device,
+            "--engine", engine, "--config", cfg.name, "--dtype", cfg.dtype, "--device", setup.device,
             "--page-tokens", str(setup.page_tokens), "--threads", str(setup.threads),
             "--cache-budget-tokens", str(gpu_tokens), "--host-budget-tokens", str(host.budget_tokens),
             "--offload-mode", host.mode.value, "--offload-chunk-tokens", str(host.chunk_tokens),
