@@ -14,6 +14,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const a
   const at::Tensor table = page_table.to(at::kLong);
   const auto rows_of = work.accessor<int64_t, 2>();
   const auto index = q.options().dtype(at::kLong);
+  const int64_t new_row0 = q.size(0) - k_new.size(0);  // k_new/v_new hold the last rows' new keys
   for (int64_t i = 0; i < work.size(0); ++i) {
     const int64_t user = rows_of[i][0], row0 = rows_of[i][1], rows = rows_of[i][2], pos0 = rows_of[i][3];
     const int64_t step = rows_of[i][4], key0 = rows_of[i][5], key_end = rows_of[i][6];
@@ -21,9 +22,10 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const a
     at::Tensor target = out.narrow(0, row0, rows);
     const at::Tensor query_rows = q.narrow(0, row0, rows);
     if (step == 0 && key0 == 0) {  // candidates see themselves (added once: by their first key chunk)
-      const at::Tensor own = at::silu((query_rows.to(at::kFloat) * k_new.narrow(0, row0, rows).to(at::kFloat))
-                                          .sum(-1, /*keepdim=*/true));
-      target.add_(own * v_new.narrow(0, row0, rows).to(at::kFloat));
+      const at::Tensor own =
+          at::silu((query_rows.to(at::kFloat) * k_new.narrow(0, row0 - new_row0, rows).to(at::kFloat))
+                       .sum(-1, /*keepdim=*/true));
+      target.add_(own * v_new.narrow(0, row0 - new_row0, rows).to(at::kFloat));
     }
     if (key_end <= key0) continue;
     const at::Tensor key_pos = at::arange(key0, key_end, index);

@@ -25,7 +25,7 @@ def silu(s, FAST: tl.constexpr):
 @triton.jit
 def hstu_paged_attention(Q, K_NEW, V_NEW, K, V, OUT, ITEMS, PAGE_TABLE,
                          stride_qt, stride_qh, stride_nt, stride_nh, stride_kt, stride_kh, stride_ot, stride_oh,
-                         stride_page_table, scale,
+                         stride_page_table, scale, new_row0,
                          PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr, FAST_SILU: tl.constexpr):
     item = ITEMS + tl.program_id(0) * 7
@@ -46,7 +46,8 @@ def hstu_paged_attention(Q, K_NEW, V_NEW, K, V, OUT, ITEMS, PAGE_TABLE,
     query_pos = pos0 + step * m
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     if (step == 0) & (key0 == 0):  # candidates see themselves (added once: by their first key chunk)
-        own = (row0 + m).to(tl.int64)[:, None] * stride_nt + head * stride_nh + d[None, :]
+        # K_NEW/V_NEW hold the new keys of Q's rows from new_row0 on (the candidates' at least)
+        own = (row0 - new_row0 + m).to(tl.int64)[:, None] * stride_nt + head * stride_nh + d[None, :]
         k_own = tl.load(K_NEW + own, mask=row_ok[:, None], other=0.0).to(tl.float32)
         v_own = tl.load(V_NEW + own, mask=row_ok[:, None], other=0.0).to(tl.float32)
         s_own = tl.sum(q.to(tl.float32) * k_own, axis=1)

@@ -22,8 +22,8 @@ from hstu_replay.server.paged_attention import paged_attention
 
 class BatchedStep(nn.Module):
     def __init__(self, model: HSTUModel, page_tokens: int, attention=None) -> None:
-        """`attention(q, k, v, pool_k, pool_v, page_table, items)`; default: `paged_attention` with the
-        plan's split flag."""
+        """`attention(q, k, v, pool_k, pool_v, page_table, items)` (k, v: the candidates' rows alone, as
+        `paged_attention` takes them); default: `paged_attention` with the plan's split flag."""
         super().__init__()
         self.model, self.page_tokens, self.attention = model, page_tokens, attention
 
@@ -44,10 +44,13 @@ class BatchedStep(nn.Module):
             at_layer = slots.new_full((1,), index)
             pool_k.index_put_((at_layer, slots), k.narrow(0, 0, n_hist))
             pool_v.index_put_((at_layer, slots), v.narrow(0, 0, n_hist))
+            # attention reads only the candidates' own keys from k/v (the history's are in the pool): so
+            # the whole of k and v need not be laid out for it, only these rows
+            k_cand, v_cand = (t.narrow(0, n_hist, t.shape[0] - n_hist) for t in (k, v))
             if self.attention is None:
-                attn = paged_attention(q, k, v, pool_k[index], pool_v[index], page_table, split, items,
+                attn = paged_attention(q, k_cand, v_cand, pool_k[index], pool_v[index], page_table, split, items,
                                        self.page_tokens, cfg.attn_normaliser)
             else:
-                attn = self.attention(q, k, v, pool_k[index], pool_v[index], page_table, items)
+                attn = self.attention(q, k_cand, v_cand, pool_k[index], pool_v[index], page_table, items)
             x = x + layer.out(layer.norm_attn(attn.flatten(1)) * u)
         return model.head(x[n_hist:]).float()

@@ -4,8 +4,8 @@ Queries are the request's new tokens, history first for every user, then every c
 and values are all in the page pool (the new history tokens' are written there before the
 call), found through each user's page table. A history query at position p sees keys 0..p; a
 candidate sees its user's whole history and itself (its own key and value come from `k`/`v`,
-the request's new keys: candidates' keys are never stored). Weights are SiLU(q.k) / normaliser, no softmax, so no running maximum is
-needed: each key's contribution simply adds up, and one query block's keys can be split over
+the new keys of the request's last rows: candidates' keys are never stored). Weights are
+SiLU(q.k) / normaliser, no softmax, so no running maximum is needed: each key's contribution simply adds up, and one query block's keys can be split over
 several programs whose partial sums are added atomically (split-K). That is what keeps a GPU busy
 when a fully cached request has only a few candidate blocks, each facing thousands of keys.
 
@@ -116,7 +116,7 @@ class KernelLaunch:
         kernel[(items.shape[0], heads)](
             q, k, v, pool_k, pool_v, out, items, page_table,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), pool_k.stride(0), pool_k.stride(1), out.stride(0),
-            out.stride(1), page_table.stride(0), 1.0 / normaliser,
+            out.stride(1), page_table.stride(0), 1.0 / normaliser, q.shape[0] - k.shape[0],
             PAGE=page_tokens, BLOCK_M=self.block_m, BLOCK_N=self.block_n, HEAD_DIM=head_dim, SPLIT=split,
             FAST_SILU=self._silu(q), num_warps=self.num_warps,
             num_stages=self.num_stages if q.is_cuda and q.element_size() == 2 else 1)
@@ -133,7 +133,9 @@ LAUNCH = KernelLaunch()
 def paged_attention(q: Tensor, k: Tensor, v: Tensor, pool_k: Tensor, pool_v: Tensor, page_table: Tensor,
                     split: bool, items: Tensor, page_tokens: int, normaliser: float,
                     launch: KernelLaunch | None = None) -> Tensor:
-    """q, k, v [T, H, D] the new tokens' (any strides, last contiguous); pool_k/v [slots, H, D];
+    """q [T, H, D] the new tokens' queries; k, v [C, H, D] the new keys and values of q's last C rows,
+    C at least the candidates' (only a candidate's own key is read from them: history keys come from
+    the pool); all three any strides, last contiguous; pool_k/v [slots, H, D];
     page_table int [B, pages]; `items` a `WorkPlan`'s items (any int type; items of no rows do nothing) on
     q's device and `split` its flag; `launch` the kernel's (default `LAUNCH`; the plan cut to its tiles).
     Returns [T, H, D] in q's dtype."""
@@ -147,10 +149,12 @@ def reference_attention(q: Tensor, k_new: Tensor, v_new: Tensor, pool_k: Tensor,
                         items: Tensor, page_tokens: int, normaliser: float) -> Tensor:
     """The same computation in plain PyTorch, one item at a time (CPU serving and the kernel's check)."""
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    new_row0 = q.shape[0] - k_new.shape[0]  # k_new/v_new: the last rows' (see paged_attention)
     for user, row0, rows, pos0, step, key0, key_end in items.tolist():
         if step == 0 and key0 == 0:  # candidates see themselves (added once: by their first key chunk)
-            own = F.silu((q[row0:row0 + rows].float() * k_new[row0:row0 + rows].float()).sum(-1, keepdim=True))
-            out[row0:row0 + rows] += own * v_new[row0:row0 + rows].float()
+            own_rows = slice(row0 - new_row0, row0 - new_row0 + rows)
+            own = F.silu((q[row0:row0 + rows].float() * k_new[own_rows].float()).sum(-1, keepdim=True))
+            out[row0:row0 + rows] += own * v_new[own_rows].float()
         key_pos = torch.arange(key0, key_end, device=q.device)
         slots = page_table[user].long()[key_pos // page_tokens] * page_tokens + key_pos % page_tokens
         k, v = pool_k[slots].transpose(0, 1), pool_v[slots].transpose(0, 1)  # [H, keys, D]

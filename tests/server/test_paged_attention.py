@@ -188,6 +188,11 @@ def test_reference_attention_is_hstu_attention_from_first_principles():
         got = case.reference(plan)
         assert got.dtype == torch.float32 and got.shape == case.q.shape
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+        # given the candidates' new keys and values alone (what a batched step passes), the same
+        cands = slice(int(case.n_hist.sum()), None)
+        alone = reference_attention(case.q, case.k[cands], case.v[cands], case.pool_k, case.pool_v, case.page_table,
+                                    torch.from_numpy(plan.items), case.page_tokens, case.normaliser)
+        torch.testing.assert_close(alone, want, atol=1e-5, rtol=0)
 
 
 def test_split_and_unsplit_plans_agree():
@@ -232,12 +237,15 @@ def _kernel_main() -> None:
             items = np.concatenate([plan.items, np.zeros((pad, 7), dtype=plan.items.dtype)])
             items = torch.from_numpy(np.ascontiguousarray(items[::-1] if pad else items))
             want = case.reference(plan)
+            # the padded runs get the candidates' keys and values alone, as a batched step passes them
+            k, v = (t[int(case.n_hist.sum()):] if pad else t for t in (case.k, case.v))
             # the kernel's split mode whatever the plan, as a compiled step runs it: whole items write
             for split in sorted({plan.split, True}):
-                got = paged_attention(case.q, case.k, case.v, case.pool_k, case.pool_v, case.page_table, split,
+                got = paged_attention(case.q, k, v, case.pool_k, case.pool_v, case.page_table, split,
                                       items, case.page_tokens, case.normaliser)
                 results.append({"kernel": "hstu_replay.server.attention_kernel" in sys.modules, "split": split,
-                                "plan_split": plan.split, "padded": pad, "cut": bool(np.any(plan.items[:, 5] > 0)),
+                                "plan_split": plan.split, "padded": pad, "k_rows": len(k),
+                                "cut": bool(np.any(plan.items[:, 5] > 0)),
                                 "dtype": str(got.dtype), "shape": list(got.shape),
                                 "finite": bool(got.isfinite().all()), "max_diff": float((got.float() - want).abs().max()),
                                 "max_diff_dense": float((want - dense(case)).abs().max()),
@@ -256,6 +264,9 @@ def test_the_triton_kernel_equals_the_reference_under_the_interpreter():
     assert [(r["plan_split"], r["split"], r["padded"]) for r in results] == [
         (True, True, 0), (True, True, 3), (False, False, 0), (False, True, 0), (False, False, 3), (False, True, 3)] * 2
     assert results[0]["cut"] and results[6]["cut"]  # the split plans really cut keys into chunks
+    # the padded runs had the candidates' keys alone, fewer than the queries' rows
+    assert all((r["k_rows"] == sum(spec["n_cand"])) == bool(r["padded"])
+               for r, spec in zip(results, [s for s in KERNEL_CASES for _ in range(6)]))
     for r in results:
         assert r["kernel"] and r["dtype"] == "torch.float32" and r["finite"], r
         assert r["scale"] > 1e-2, r  # not trivially zero
