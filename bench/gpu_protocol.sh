@@ -6,6 +6,9 @@
 # ENGINE=batched-aoti serves the batched step compiled by AOTInductor (`serve` compiles it first).
 # SERVE_ARGS adds options to `server serve` (e.g. "--frontend python-backend"); Triton's own statistics
 # of each run (queue, input, model, output per request: bench/gpu_triton_stats.py) follow its table.
+# CLIENT_PROTOCOLS (default grpc): each run once per client protocol, against the same server (http:
+# under <config>-run<N>-http). REPOS (default OUT_DIR): where repository-<config> is kept, so that a
+# second invocation serves the package a first one compiled.
 # (DEVICE=cpu DTYPE=float32 CONFIGS=small HISTORY=256 CANDIDATES=16 SCALE=0.05 bash bench/gpu_protocol.sh
 #  runs/x 32: the same on a CPU)
 # Synthetic KuaiRand-1K users (full scale), each user's latest 100 events ranked after up to 4096
@@ -18,6 +21,7 @@ RUNS=${3:-2}
 PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bfloat16} CONFIGS=${CONFIGS:-kuairand-1k kuairand-1k-8l}
 ENGINE=${ENGINE:-batched} EXPORT_TIMEOUT=${EXPORT_TIMEOUT:-600} SERVE_ARGS=${SERVE_ARGS:-}
+CLIENT_PROTOCOLS=${CLIENT_PROTOCOLS:-grpc} REPOS=${REPOS:-$OUT}
 case "$SERVE_ARGS" in
     *cpp-backend*) FRONTEND="our C++ Triton backend (libtriton_hstu.so)" ;;
     *python-backend*) FRONTEND="Triton's Python backend (no proxy)" ;;
@@ -31,7 +35,7 @@ $PY -m hstu_replay.cli data prepare "$OUT/raw" --out "$OUT/store" || exit 1
 SERVER=
 trap '[ -n "$SERVER" ] && kill -INT $SERVER 2>/dev/null; wait 2>/dev/null' EXIT
 for cfg in $CONFIGS; do
-    REPO="$OUT/repository-$cfg"
+    REPO="$REPOS/repository-$cfg"
     if [ "$ENGINE" = aoti ]; then
         start=$(date +%s)
         timeout "$EXPORT_TIMEOUT" $PY -m hstu_replay.cli server export --repository "$REPO" --config "$cfg" \
@@ -59,13 +63,17 @@ prepare_engine('batched-aoti', sys.argv[1], get_config(sys.argv[2], sys.argv[3])
     $PY -m hstu_replay.cli server wait --http-port "$H" --pid $SERVER --log "$OUT/server-$cfg.log" --timeout 180 ||
         { tail -20 "$OUT/server-$cfg.log"; exit 1; }
     for run in $(seq 1 "$RUNS"); do
-        echo "== $cfg run $run"
-        $PY -m bench.gpu_triton_stats --http-port "$H" --save "$OUT/stats-before.json"
-        $PY -m hstu_replay.cli protocol run --triton-url "127.0.0.1:$G" --store "$OUT/store" --candidates "$CANDIDATES" \
-            --max-history "$HISTORY" --max-values 70000 --out "$OUT/$cfg-run$run" \
-            --hardware "$HW; $cfg, $ENGINE engine$( [ "$ENGINE" != aoti ] && echo " $DTYPE") behind $FRONTEND"
-        echo "== $cfg run $run: exit $?"
-        $PY -m bench.gpu_triton_stats --http-port "$H" --since "$OUT/stats-before.json"
+        for proto in $CLIENT_PROTOCOLS; do
+            name=$cfg-run$run$( [ "$proto" != grpc ] && echo "-$proto" )
+            echo "== $cfg run $run, $proto"
+            $PY -m bench.gpu_triton_stats --http-port "$H" --save "$OUT/stats-before.json"
+            $PY -m hstu_replay.cli protocol run --triton-url "127.0.0.1:$( [ "$proto" = http ] && echo "$H" || echo "$G" )" \
+                --triton-protocol "$proto" --store "$OUT/store" --candidates "$CANDIDATES" \
+                --max-history "$HISTORY" --max-values 70000 --out "$OUT/$name" \
+                --hardware "$HW; $cfg, $ENGINE engine$( [ "$ENGINE" != aoti ] && echo " $DTYPE") behind $FRONTEND, $proto"
+            echo "== $cfg run $run, $proto: exit $?"
+            $PY -m bench.gpu_triton_stats --http-port "$H" --since "$OUT/stats-before.json"
+        done
     done
     kill -INT $SERVER; wait $SERVER; SERVER=
 done

@@ -15,7 +15,8 @@
 #   protocol-baot the same on the batched step compiled there by AOTInductor (ENGINE=batched-aoti), 3 layers
 #   cpp-build     build our C++ Triton backend (cpp/backend) against the machine's torch
 #   protocol-cpp  NVIDIA's protocol against that backend serving the batched step (CPP_CONFIGS, default 3 and 8
-#                 layers)
+#                 layers; CLIENT_PROTOCOLS as bench/gpu_protocol.sh takes them)
+#   protocol-cpp-eager the same with CUDA graphs off, on the packages protocol-cpp compiled
 #   attention-tune the attention kernel's launches on the protocol's cold and cached shapes, and the eager
 #                 step's time, and the batched-aoti package's (the one protocol-cpp serves, compiled
 #                 here when protocol-cpp has not run), each step's kernels (bench/gpu_attention_tune.py)
@@ -64,6 +65,11 @@ step_cpp_build() { $PY -c "from hstu_replay.server.cpp_backend import build_back
 step_protocol_cpp() {
     ENGINE=batched-aoti CONFIGS=${CPP_CONFIGS:-kuairand-1k kuairand-1k-8l} SERVE_ARGS="--frontend cpp-backend" \
         bash bench/gpu_protocol.sh "$OUT/protocol-cpp" "${USERS:-128}" 1
+}
+step_protocol_cpp_eager() {
+    HSTU_REPLAY_CUDA_GRAPHS=0 ENGINE=batched-aoti CONFIGS=${CPP_CONFIGS:-kuairand-1k kuairand-1k-8l} \
+        SERVE_ARGS="--frontend cpp-backend" REPOS="$OUT/protocol-cpp" bash bench/gpu_protocol.sh "$OUT/protocol-cpp-eager" \
+        "${USERS:-128}" 1
 }
 step_protocol_pyt() { CONFIGS=kuairand-1k bash bench/gpu_protocol.sh "$OUT/protocol-pyt" "${USERS:-128}" 1; }
 step_protocol_aoti() {  # not where aoti-check (when run before) loaded no package compiled for the GPU
