@@ -16,7 +16,10 @@
 #   cpp-build     build our C++ Triton backend (cpp/backend) against the machine's torch
 #   protocol-cpp  NVIDIA's protocol against that backend serving the batched step (CPP_CONFIGS, default 3 and 8
 #                 layers; CLIENT_PROTOCOLS as bench/gpu_protocol.sh takes them)
-#   protocol-cpp-eager the same with CUDA graphs off, on the packages protocol-cpp compiled
+#   package-source the C++ wrapper AOTInductor wrote for each package protocol-cpp compiled (which kernels run,
+#                 on which buffers), as package-source-<config>.cpp
+#   protocol-cpp-graphs the same with the backend's CUDA graphs on (HSTU_REPLAY_CUDA_GRAPHS=1), on the packages
+#                 protocol-cpp compiled
 #   attention-tune the attention kernel's launches on the protocol's cold and cached shapes, and the eager
 #                 step's time, and the batched-aoti package's (the one protocol-cpp serves, compiled
 #                 here when protocol-cpp has not run), each step's kernels (bench/gpu_attention_tune.py)
@@ -64,12 +67,23 @@ step_protocol_baot() {
 step_cpp_build() { $PY -c "from hstu_replay.server.cpp_backend import build_backend; print(build_backend())"; }
 step_protocol_cpp() {
     ENGINE=batched-aoti CONFIGS=${CPP_CONFIGS:-kuairand-1k kuairand-1k-8l} SERVE_ARGS="--frontend cpp-backend" \
-        bash bench/gpu_protocol.sh "$OUT/protocol-cpp" "${USERS:-128}" 1
+        bash bench/gpu_protocol.sh "$OUT/protocol-cpp" "${USERS:-128}" "${RUNS:-1}"
 }
-step_protocol_cpp_eager() {
-    HSTU_REPLAY_CUDA_GRAPHS=0 ENGINE=batched-aoti CONFIGS=${CPP_CONFIGS:-kuairand-1k kuairand-1k-8l} \
-        SERVE_ARGS="--frontend cpp-backend" REPOS="$OUT/protocol-cpp" bash bench/gpu_protocol.sh "$OUT/protocol-cpp-eager" \
-        "${USERS:-128}" 1
+step_protocol_cpp_graphs() {
+    HSTU_REPLAY_CUDA_GRAPHS=1 ENGINE=batched-aoti CONFIGS=${CPP_CONFIGS:-kuairand-1k kuairand-1k-8l} \
+        SERVE_ARGS="--frontend cpp-backend" REPOS="$OUT/protocol-cpp" bash bench/gpu_protocol.sh "$OUT/protocol-cpp-graphs" \
+        "${USERS:-128}" "${RUNS:-1}"
+}
+step_package_source() {
+    $PY -c "import pathlib, sys, zipfile
+for package in sorted(pathlib.Path(sys.argv[1]).glob('repository-*/**/*.pt2')):
+    config = next(p for p in package.parts if p.startswith('repository-'))[len('repository-'):]
+    with zipfile.ZipFile(package) as archive:
+        names = [n for n in archive.namelist() if n.endswith('.wrapper.cpp')]
+        print(package, len(archive.namelist()), 'files;', names)
+        for n in names:
+            pathlib.Path(sys.argv[2], f'package-source-{config}.cpp').write_bytes(archive.read(n))" \
+        "$OUT/protocol-cpp" "$OUT"
 }
 step_protocol_pyt() { CONFIGS=kuairand-1k bash bench/gpu_protocol.sh "$OUT/protocol-pyt" "${USERS:-128}" 1; }
 step_protocol_aoti() {  # not where aoti-check (when run before) loaded no package compiled for the GPU

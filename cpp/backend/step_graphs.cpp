@@ -30,7 +30,7 @@ int64_t bucket(int64_t n, int64_t minimum) {  // the next power of two, at least
 bool graphs_enabled(const at::Device& device) {
 #ifdef HSTU_WITH_CUDA
   const char* value = std::getenv(kGraphsEnv);
-  return device.is_cuda() && (value == nullptr || std::strcmp(value, "0") != 0);
+  return device.is_cuda() && value != nullptr && std::strcmp(value, "1") == 0;
 #else
   (void)device;
   return false;

@@ -7,8 +7,13 @@
 // power of two (at least kMinCandidates), the work items to the next power of two of the most
 // its blocks can be split into (WorkPlan::capacity, so that users of other lengths share the
 // graph), the page table to the largest request's. Graphs are kept in a small LRU by shape and
-// dropped when the pool is reallocated (they hold its addresses). HSTU_REPLAY_CUDA_GRAPHS=0 turns
-// them off; a capture the device refuses turns them off for the engine (one line on stderr).
+// dropped when the pool is reallocated (they hold its addresses); a capture the device refuses
+// turns them off for the engine (one line on stderr).
+//
+// Off unless HSTU_REPLAY_CUDA_GRAPHS=1 (the Python engines' are on unless it is 0): here they do
+// not pay. In steady state on the H200 a fully cached call took about as long replayed as launched
+// (the padded graph keeps the GPU busy longer), and every capture, on a new shape or after the pool
+// grew, costs its call milliseconds (docs/benchmarks/reference-server-gpu.md, calls 15-16 and 21).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -170,12 +170,19 @@ def test_logits_cold_partly_and_fully_cached_are_the_eager_models(cpp_server, ea
 def test_on_a_gpu_the_backend_serves_the_package_with_its_kernel_and_answers_as_eager(tmp_path, eager, monkeypatch):
     monkeypatch.setenv("HSTU_REPLAY_BACKEND_PHASES", "1")  # a phase line per call: it names the path each took
     repository = tmp_path / "repository"  # the small config's batched step compiled for the GPU here (a minute)
-    server_log = tmp_path / "server.log"
-    for server, _ in serving(repository, server_log, BUDGET_TOKENS, "--device", "cuda"):
+    monkeypatch.delenv("HSTU_REPLAY_CUDA_GRAPHS", raising=False)  # by default every step launches its kernels
+    plain_log = tmp_path / "plain.log"
+    for server, _ in serving(repository, plain_log, BUDGET_TOKENS, "--device", "cuda"):
+        answers_are_the_eager_models(server, eager, 7_500, DEFAULT_TOLERANCE)
+        assert list(repository.rglob("*cuda*.pt2"))
+    log = plain_log.read_text(errors="replace")
+    assert "engine.step" in log and "engine.graph" not in log, log[-2000:]
+    monkeypatch.setenv("HSTU_REPLAY_CUDA_GRAPHS", "1")  # asked for: fully cached steps replayed as graphs
+    graphs_log = tmp_path / "graphs.log"
+    for server, _ in serving(repository, graphs_log, BUDGET_TOKENS, "--device", "cuda"):
         answers_are_the_eager_models(server, eager, 7_500, DEFAULT_TOLERANCE)
         replayed_graphs_answer_as_eager(server, eager, 7_600)
-        assert list(repository.rglob("*cuda*.pt2"))
-    log = server_log.read_text(errors="replace")
+    log = graphs_log.read_text(errors="replace")
     assert "engine.graph" in log and "CUDA graphs off" not in log, log[-2000:]
 
 
