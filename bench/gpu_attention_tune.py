@@ -72,7 +72,7 @@ def useful_flops(items: np.ndarray, heads: int, head_dim: int) -> float:
 def time_launch(launch: KernelLaunch, data: dict, heads: int, normaliser: float, head_dim: int,
                 min_programs: int = MIN_PROGRAMS, split_mode: bool = False):
     """The kernel on `data` with a plan split to `min_programs`; `split_mode`: the kernel's split mode
-    whatever the plan, as a compiled step runs it (zeroed float32 output, shared rows added)."""
+    whatever the plan, as a compiled step runs it (the split's three launches)."""
     import triton.testing
 
     plan = WorkPlan.plan(*data["lengths"], heads, block_m=launch.block_m, block_n=launch.block_n,

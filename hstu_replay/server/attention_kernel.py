@@ -23,9 +23,52 @@ def silu(s, FAST: tl.constexpr):
 
 
 @triton.jit
-def hstu_paged_attention(Q, K_NEW, V_NEW, K, V, OUT, ITEMS, PAGE_TABLE,
+def split_chunk(ITEMS):
+    """This program's item: (first row, rows, whether it is a chunk of a split: one item of several
+    over the same rows, which add up in ACC, whether it is the first chunk of its rows). An item that
+    visits its rows' whole key range (key 0 to its last row's end) is their only one."""
+    item = ITEMS + tl.program_id(0) * 7
+    row0 = tl.load(item + 1)
+    rows = tl.load(item + 2)
+    key0 = tl.load(item + 5)
+    chunk = (key0 != 0) | (tl.load(item + 6) != tl.load(item + 3) + tl.load(item + 4) * (rows - 1) + 1)
+    return row0, rows, chunk, chunk & (key0 == 0)
+
+
+@triton.jit
+def _rows(BASE, row0, rows, stride_t, stride_h, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Pointers to rows row0.. of this program's head in BASE [T, H, D], and which of them exist."""
+    m = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, HEAD_DIM)
+    at = BASE + (row0 + m).to(tl.int64)[:, None] * stride_t + tl.program_id(1) * stride_h + d[None, :]
+    return at, (m < rows)[:, None]
+
+
+@triton.jit
+def split_rows_zero(ACC, ITEMS, stride_at, stride_ah, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Before the attention: the rows of every split start at zero in ACC (the first chunk's program
+    clears them; every other row of ACC stays unwritten)."""
+    row0, rows, chunk, first = split_chunk(ITEMS)
+    if first:
+        at, ok = _rows(ACC, row0, rows, stride_at, stride_ah, BLOCK_M, HEAD_DIM)
+        tl.store(at, tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32), mask=ok)
+
+
+@triton.jit
+def split_rows_finish(ACC, OUT, ITEMS, stride_at, stride_ah, stride_ot, stride_oh, BLOCK_M: tl.constexpr,
+                      HEAD_DIM: tl.constexpr):
+    """After the attention: the rows of every split, added up in ACC, written to OUT in its type."""
+    row0, rows, chunk, first = split_chunk(ITEMS)
+    if first:
+        acc_at, ok = _rows(ACC, row0, rows, stride_at, stride_ah, BLOCK_M, HEAD_DIM)
+        out_at, ok = _rows(OUT, row0, rows, stride_ot, stride_oh, BLOCK_M, HEAD_DIM)
+        tl.store(out_at, tl.load(acc_at, mask=ok, other=0.0).to(OUT.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def hstu_paged_attention(Q, K_NEW, V_NEW, K, V, OUT, ACC, ITEMS, PAGE_TABLE,
                          stride_qt, stride_qh, stride_nt, stride_nh, stride_kt, stride_kh, stride_ot, stride_oh,
-                         stride_page_table, scale, new_row0,
+                         stride_at, stride_ah, stride_page_table, scale, new_row0,
                          PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr, FAST_SILU: tl.constexpr):
     item = ITEMS + tl.program_id(0) * 7
@@ -75,11 +118,12 @@ def hstu_paged_attention(Q, K_NEW, V_NEW, K, V, OUT, ITEMS, PAGE_TABLE,
         w = tl.where((key_pos[None, :] <= query_pos[:, None]) & key_ok[None, :], w, 0.0)
         acc += tl.dot(w.to(v.dtype), v)
     acc = acc * scale
-    out = OUT + (row0 + m).to(tl.int64)[:, None] * stride_ot + head * stride_oh + d[None, :]
-    # SPLIT: OUT starts at zero and items may share rows. An item that visits its rows' whole key
-    # range (from key 0 to its last row's end) is their only one: it writes them; a chunk adds.
-    whole = (key0 == 0) & (key_end == pos0 + step * (rows - 1) + 1)
-    if SPLIT and not whole:
-        tl.atomic_add(out, acc, mask=row_ok[:, None])
+    # SPLIT: items may share rows. The only item of its rows writes them to OUT; a chunk of a split
+    # adds its part into ACC (zeroed before by split_rows_zero, written out by split_rows_finish).
+    _, _, chunk, _ = split_chunk(ITEMS)
+    if SPLIT and chunk:
+        acc_at, ok = _rows(ACC, row0, rows, stride_at, stride_ah, BLOCK_M, HEAD_DIM)
+        tl.atomic_add(acc_at, acc, mask=ok)
     else:
-        tl.store(out, acc.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+        out_at, ok = _rows(OUT, row0, rows, stride_ot, stride_oh, BLOCK_M, HEAD_DIM)
+        tl.store(out_at, acc.to(OUT.dtype.element_ty), mask=ok)

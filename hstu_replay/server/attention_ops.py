@@ -6,7 +6,8 @@ must be registered, which importing this module does). `hstu_replay::paged_atten
 Triton kernel as a `triton_op`: AOTInductor compiles the kernel into a GPU package, which then needs
 no Python to run it. `exportable` picks one by device. Both are right for every `WorkPlan`, split
 or not, so one package serves them all: the kernel runs in its split mode, where an item that is
-the only one of its rows writes them and only the chunks of a split add atomically.
+the only one of its rows writes them and only the chunks of a split add atomically (in a float32
+buffer whose rows of splits alone are zeroed before and written out after).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from hstu_replay.server.paged_attention import LAUNCH, reference_attention
+from hstu_replay.server.paged_attention import LAUNCH, AttentionKernels, reference_attention
 
 Attention = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -37,15 +38,12 @@ def _(q, k, v, pool_k, pool_v, page_table, items, page_tokens, normaliser):
 def _triton_op():
     from torch.library import triton_op, wrap_triton
 
-    from hstu_replay.server.attention_kernel import hstu_paged_attention  # needs triton
+    kernels = AttentionKernels.of(wrap_triton)
 
     @triton_op("hstu_replay::paged_attention_triton", mutates_args=())
     def op(q: Tensor, k: Tensor, v: Tensor, pool_k: Tensor, pool_v: Tensor, page_table: Tensor, items: Tensor,
            page_tokens: int, normaliser: float) -> Tensor:
-        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        LAUNCH(wrap_triton(hstu_paged_attention), q, k, v, pool_k, pool_v, out, items, page_table, page_tokens,
-               normaliser, True)
-        return out.to(q.dtype)
+        return LAUNCH(kernels, q, k, v, pool_k, pool_v, items, page_table, page_tokens, normaliser, True)
 
     return op
 

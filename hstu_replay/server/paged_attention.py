@@ -17,7 +17,9 @@ all its rows sit at the last history position.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -96,6 +98,20 @@ def _index_in_group(counts: np.ndarray) -> np.ndarray:
     return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
+class AttentionKernels(NamedTuple):
+    """`attention_kernel`'s three kernels, as launched (plain, or wrapped for a `triton_op`)."""
+
+    attend: Callable
+    zero: Callable
+    finish: Callable
+
+    @classmethod
+    def of(cls, wrap: Callable = lambda kernel: kernel) -> AttentionKernels:
+        from hstu_replay.server import attention_kernel as kernel  # needs triton
+
+        return cls(*(wrap(k) for k in (kernel.hstu_paged_attention, kernel.split_rows_zero, kernel.split_rows_finish)))
+
+
 @dataclass(frozen=True)
 class KernelLaunch:
     """How the Triton kernel is launched: its tiles (the plans must be cut to the same: `WorkPlan.plan`'s
@@ -109,17 +125,28 @@ class KernelLaunch:
     num_stages: int = 3  # on a GPU in 16 bits; 1 otherwise
     silu: int = SILU_TANH  # SILU_*; the interpreter always takes the sigmoid
 
-    def __call__(self, kernel, q: Tensor, k: Tensor, v: Tensor, pool_k: Tensor, pool_v: Tensor, out: Tensor,
-                 items: Tensor, page_table: Tensor, page_tokens: int, normaliser: float, split: bool) -> None:
-        """`kernel`: `attention_kernel.hstu_paged_attention`, or that wrapped for a `triton_op`."""
+    def __call__(self, kernels: AttentionKernels, q: Tensor, k: Tensor, v: Tensor, pool_k: Tensor, pool_v: Tensor,
+                 items: Tensor, page_table: Tensor, page_tokens: int, normaliser: float, split: bool) -> Tensor:
+        """The attention in q's dtype. `split`: the split mode (items may share rows; right for every
+        plan): the chunks of a split add up in a float32 buffer whose rows are zeroed before and
+        written out after, in two more launches that touch those rows alone."""
         heads, head_dim = q.shape[1:]
-        kernel[(items.shape[0], heads)](
-            q, k, v, pool_k, pool_v, out, items, page_table,
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        acc = torch.empty(q.shape, dtype=torch.float32, device=q.device) if split else out
+        grid = (items.shape[0], heads)
+        rows = dict(BLOCK_M=self.block_m, HEAD_DIM=head_dim)
+        if split:
+            kernels.zero[grid](acc, items, acc.stride(0), acc.stride(1), **rows)
+        kernels.attend[grid](
+            q, k, v, pool_k, pool_v, out, acc, items, page_table,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), pool_k.stride(0), pool_k.stride(1), out.stride(0),
-            out.stride(1), page_table.stride(0), 1.0 / normaliser, q.shape[0] - k.shape[0],
-            PAGE=page_tokens, BLOCK_M=self.block_m, BLOCK_N=self.block_n, HEAD_DIM=head_dim, SPLIT=split,
-            FAST_SILU=self._silu(q), num_warps=self.num_warps,
-            num_stages=self.num_stages if q.is_cuda and q.element_size() == 2 else 1)
+            out.stride(1), acc.stride(0), acc.stride(1), page_table.stride(0), 1.0 / normaliser,
+            q.shape[0] - k.shape[0], PAGE=page_tokens, BLOCK_N=self.block_n, SPLIT=split, FAST_SILU=self._silu(q),
+            num_warps=self.num_warps, num_stages=self.num_stages if q.is_cuda and q.element_size() == 2 else 1,
+            **rows)
+        if split:
+            kernels.finish[grid](acc, out, items, acc.stride(0), acc.stride(1), out.stride(0), out.stride(1), **rows)
+        return out
 
     def _silu(self, q: Tensor) -> int:
         if not q.is_cuda:
@@ -167,10 +194,6 @@ def reference_attention(q: Tensor, k_new: Tensor, v_new: Tensor, pool_k: Tensor,
 
 
 def _triton_attention(q, k, v, pool_k, pool_v, page_table, split, items, page_tokens, normaliser, launch):
-    from hstu_replay.server.attention_kernel import hstu_paged_attention  # needs triton
-
-    # split: partial sums are added into zeros; otherwise every row is written exactly once
-    out = (torch.zeros if split else torch.empty)(q.shape, dtype=torch.float32 if split else q.dtype, device=q.device)
-    if items.shape[0]:
-        launch(hstu_paged_attention, q, k, v, pool_k, pool_v, out, items, page_table, page_tokens, normaliser, split)
-    return out.to(q.dtype) if split else out
+    if not items.shape[0]:
+        return torch.zeros_like(q, memory_format=torch.contiguous_format)
+    return launch(AttentionKernels.of(), q, k, v, pool_k, pool_v, items, page_table, page_tokens, normaliser, split)
