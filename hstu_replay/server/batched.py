@@ -28,7 +28,8 @@ from hstu_replay.server.batched_step import BatchedStep
 from hstu_replay.server.paged_attention import WorkPlan
 from hstu_replay.server.phases import NO_CLOCK
 from hstu_replay.server.paged_cache import PagedKVCache, UserPages
-from hstu_replay.server.step_graphs import StepGraphs, StepInputs, StepShape, graphs_enabled
+from hstu_replay.server.step_graphs import (StepGraphs, StepInputs, StepShape, graphs_enabled, pack_parts,
+                                             unpack_parts)
 
 
 class BatchedEngine:
@@ -102,8 +103,8 @@ class BatchedEngine:
                                     np.full(int(n_cand.sum()), ITEM_KIND, dtype=np.int64)])
             # one host-to-device copy for every index the forward needs
             parts = [np.concatenate(ids), kinds, positions, page_table.ravel(), plan.items.ravel(), slots]
-            packed = torch.from_numpy(np.concatenate(parts)).to(self.device, non_blocking=True)
-            ids_t, kinds_t, pos_t, table_t, items_t, slots_t = packed.split([len(part) for part in parts])
+            packed = torch.from_numpy(pack_parts(parts)).to(self.device, non_blocking=True)
+            ids_t, kinds_t, pos_t, table_t, items_t, slots_t = unpack_parts(packed, [len(part) for part in parts])
             inputs = StepInputs(ids_t, kinds_t, pos_t, table_t.view(page_table.shape), items_t.view(plan.items.shape))
             return self.step(inputs, plan.split, slots_t).cpu().numpy().reshape(-1, 8)
 

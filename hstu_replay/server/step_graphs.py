@@ -6,7 +6,8 @@ A graph has fixed shapes, so a step is padded to a `StepShape`: the candidates t
 of two, the attention work items to the next power of two of the most its blocks can be split into
 (`WorkPlan.capacity`, so that users of other lengths share the graph; padding items have no rows:
 their programs do nothing), the page table to the largest request's (`max_batch` users x the pages of a full
-history). Every index the step needs travels packed in one int64 array (`StepShape.pack`), staged
+history). Every index the step needs travels packed in one int64 array (`StepShape.pack`, each part
+16 bytes aligned), staged
 in one pinned host buffer and copied to the device in one copy. Graphs live in a small LRU keyed
 by shape and are dropped when the page pool is reallocated (they hold its addresses).
 `HSTU_REPLAY_CUDA_GRAPHS=0` turns them off.
@@ -34,6 +35,35 @@ ITEM_FIELDS = 7
 
 def graphs_enabled(device: torch.device) -> bool:
     return device.type == "cuda" and os.environ.get(ENV, "1") != "0"
+
+
+#: int64 values a packed part's start is a multiple of: 16 bytes, the alignment a compiled step's
+#: inputs were compiled for (a package copies a misaligned input on every call); the C++ backend's
+#: step_layout.h aligns its parts the same way
+ALIGN = 2
+
+
+def packed_offsets(lengths: list[int]) -> list[int]:
+    """Where each of the parts of `lengths` starts in one packed array, each start aligned (`ALIGN`),
+    and the array's length last."""
+    at = [0]
+    for n in lengths:
+        at.append(at[-1] + -(-int(n) // ALIGN) * ALIGN)
+    return at
+
+
+def pack_parts(parts: list[np.ndarray]) -> np.ndarray:
+    """`parts` laid out in one int64 array at `packed_offsets` (the gaps zero)."""
+    at = packed_offsets([len(p) for p in parts])
+    packed = np.zeros(at[-1], dtype=np.int64)
+    for start, part in zip(at, parts):
+        packed[start:start + len(part)] = part
+    return packed
+
+
+def unpack_parts(packed: Tensor, lengths: list[int]) -> list[Tensor]:
+    """The views of `packed` (laid out by `packed_offsets`) holding parts of `lengths`."""
+    return [packed.narrow(0, start, int(n)) for start, n in zip(packed_offsets(lengths), lengths)]
 
 
 def bucket(n: int, minimum: int) -> int:
@@ -72,7 +102,7 @@ class StepShape:
 
     @property
     def length(self) -> int:
-        return sum(self.sizes)
+        return packed_offsets(self.sizes)[-1]
 
     def pack(self, ids: np.ndarray, positions: np.ndarray, page_table: np.ndarray, items: np.ndarray,
              out: np.ndarray | None = None) -> np.ndarray:
@@ -85,7 +115,7 @@ class StepShape:
                              f"does not fit {self}")
         packed = np.zeros(self.length, dtype=np.int64) if out is None else out[:self.length]
         packed[:] = 0
-        ids_at, kinds_at, pos_at, table_at, items_at = np.cumsum([0] + self.sizes[:-1])
+        ids_at, kinds_at, pos_at, table_at, items_at = packed_offsets(self.sizes)[:-1]
         packed[ids_at:ids_at + n] = ids
         packed[kinds_at:kinds_at + self.candidates] = ITEM_KIND
         packed[pos_at:pos_at + n] = positions
@@ -94,7 +124,7 @@ class StepShape:
         return packed
 
     def unpack(self, packed: Tensor) -> StepInputs:
-        ids, kinds, positions, table, items = packed.split(self.sizes)
+        ids, kinds, positions, table, items = unpack_parts(packed, self.sizes)
         return StepInputs(ids, kinds, positions, table.view(self.rows, self.pages), items.view(self.items, ITEM_FIELDS))
 
 

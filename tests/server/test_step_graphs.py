@@ -6,7 +6,7 @@ import torch
 
 from hstu_replay.server.batched import build_batched_engine
 from hstu_replay.server.model import ITEM_KIND, build_model
-from hstu_replay.server.step_graphs import ENV, GraphLRU, StepShape, bucket, graphs_enabled
+from hstu_replay.server.step_graphs import ENV, GraphLRU, StepShape, bucket, graphs_enabled, pack_parts, unpack_parts
 from tests.server.test_engine import SMALL, make_user, serve
 
 
@@ -38,6 +38,25 @@ def test_pack_lays_out_and_pads_each_part():
     assert inputs.page_table.shape == (3, 4) and inputs.page_table[1].tolist() == [6, 7, 0, 0]
     assert inputs.items.shape == (16, 7) and inputs.items[1].tolist() == list(range(7, 14))
     assert inputs.ids.tolist()[:3] == [7, 8, 9] and inputs.positions.tolist()[2] == 61
+
+
+def test_every_packed_part_starts_16_bytes_aligned():
+    # a compiled step copies an input that is not aligned as it was compiled for, on every call
+    shape = StepShape.of(candidates=3, items=2, rows=3, pages=3, split=False)  # a table of 9 cells
+    table, items = np.arange(9).reshape(3, 3), np.arange(14).reshape(2, 7)
+    packed = torch.from_numpy(shape.pack(np.array([7, 8, 9]), np.array([5, 5, 5]), table, items))
+    assert len(packed) == 16 * 3 + 10 + 16 * 7  # the table's part padded by one value
+    inputs = shape.unpack(packed)
+    assert inputs.page_table.tolist() == table.tolist() and inputs.items[:2].tolist() == items.tolist()
+    for part in (inputs.ids, inputs.kinds, inputs.positions, inputs.page_table, inputs.items):
+        assert (part.data_ptr() - packed.data_ptr()) % 16 == 0
+    # the same for the uncaptured step's parts (odd lengths), laid out by hand
+    parts = [np.array([1, 2, 3]), np.array([4]), np.array([5, 6]), np.array([7, 8, 9, 10, 11])]
+    packed = torch.from_numpy(pack_parts(parts))
+    assert packed.tolist() == [1, 2, 3, 0, 4, 0, 5, 6, 7, 8, 9, 10, 11, 0]
+    views = unpack_parts(packed, [len(p) for p in parts])
+    assert [v.tolist() for v in views] == [p.tolist() for p in parts]
+    assert all((v.data_ptr() - packed.data_ptr()) % 16 == 0 for v in views)
 
 
 def test_pack_into_a_dirty_buffer_leaves_no_trace_of_the_last_step():
