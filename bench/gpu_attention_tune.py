@@ -1,7 +1,7 @@
 """The attention kernel's launch (tiles, warps, stages, SiLU, split) on NVIDIA's protocol shapes, and its share of a step.
 
     python -m bench.gpu_attention_tune --out OUT [--config kuairand-1k] [--history 4096] [--candidates 100]
-        [--package REPOSITORY]
+        [--package REPOSITORY] [--default-launch]
 
 On a GPU, bf16: 8 users of `--history` items (6 + 2 x history tokens) and `--candidates` each, as
 the protocol's batch of 8 sends them: cold (nothing cached: every history token a query) and fully
@@ -10,7 +10,7 @@ cached, each split of the keys: `min_programs`; cold, the kernel's split mode on
 as a compiled step runs it): the kernel's time (triton.testing.do_bench,
 median), its useful TFLOP/s (the rows x keys each item really visits), and the largest difference
 of its output from the default launch's (every launch must give the same sums, within what a
-16-bit SiLU changes). Then the batched engine's whole step on the same shapes (`BatchedEngine.step`,
+16-bit SiLU changes); `--default-launch`: `LAUNCH` alone. Then the batched engine's whole step on the same shapes (`BatchedEngine.step`,
 `--config`'s layers): eager, and with `--package` the batched-aoti package compiled into that
 repository (compiled there first when missing), what the C++ backend runs; and where each
 step's GPU time goes (torch.profiler: kernels by name, ms per step). Prints a table per
@@ -170,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--candidates", type=int, default=100)
     parser.add_argument("--package", type=Path, default=None,
                         help="a repository: time the batched-aoti package compiled there too")
+    parser.add_argument("--default-launch", action="store_true",
+                        help="time LAUNCH alone (cold: also in the split mode), not the grid")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_attention_tune: needs a GPU", file=sys.stderr)
@@ -182,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, (past, n_hist, n_cand) in shapes.items():
         data = case(past, n_hist, n_cand, config.num_heads, config.head_dim, device, rng)
         rows, reference = [], None
-        variants = [(g, MIN_PROGRAMS, False) for g in GRID]
-        if name == "fully cached":
+        variants = [(g, MIN_PROGRAMS, False) for g in ([LAUNCH] if args.default_launch else GRID)]
+        if name == "fully cached" and not args.default_launch:
             variants += [(g, m, False) for m in SPLITS for g in (LAUNCH, LAUNCH_BF16X2)]
         else:  # cold, the plan is not split: also the split mode on it, as a compiled step runs the kernel
             variants.append((LAUNCH, MIN_PROGRAMS, True))

@@ -22,7 +22,8 @@
 #                 protocol-cpp compiled
 #   attention-tune the attention kernel's launches on the protocol's cold and cached shapes, and the eager
 #                 step's time, and the batched-aoti package's (the one protocol-cpp serves, compiled
-#                 here when protocol-cpp has not run), each step's kernels (bench/gpu_attention_tune.py)
+#                 here when protocol-cpp has not run), each step's kernels (bench/gpu_attention_tune.py;
+#                 TUNE_ARGS: more options, e.g. --default-launch)
 #   profile       where a served batch-8 request's time goes (bench/gpu_serving_profile.py), Python backend
 #                 with CUDA graphs and without; the backend's phase lines (HSTU_REPLAY_BACKEND_PHASES)
 #   profile-cpp   the same against our C++ backend, on the package protocol-cpp compiled (else compiled here)
@@ -122,7 +123,7 @@ step_profile_cpp() {
 step_attention_tune() {
     local repo=$OUT/protocol-cpp/repository-${PROFILE_CONFIG:-kuairand-1k}
     $PY -m bench.gpu_attention_tune --out "$OUT/attention-tune" --config "${PROFILE_CONFIG:-kuairand-1k}" \
-        --package "$repo"
+        --package "$repo" ${TUNE_ARGS:-}
 }
 step_locust() { SERVE_ARGS="$NATIVE" bash bench/gpu_locust.sh "$OUT/locust"; }
 step_locust_cpp() {
