@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from bench.harness import table, this_command
 from hstu_replay.server.model_config import get_config
@@ -101,6 +102,9 @@ class StepCase:
         past, n_hist, n_cand = data["lengths"]
         budget = int(BATCH * (past[0] + n_hist[0])) + 1024
         self.engine = build_batched_engine(model, budget, PAGE_TOKENS, forward_step=forward_step)
+        gen = torch.Generator(device=device).manual_seed(0)  # the same pool and tokens for every StepCase
+        for pool in (self.engine.cache.pool_k, self.engine.cache.pool_v):  # a fully cached step's keys
+            pool.copy_(torch.randn(pool.shape, generator=gen, device=device, dtype=pool.dtype))
         self.plan = WorkPlan.plan(past, n_hist, n_cand, config.num_heads)
         tokens = int((n_hist + n_cand).sum())
         pages_each = data["page_table"].shape[1]
@@ -108,7 +112,7 @@ class StepCase:
         hist_pos = torch.cat([torch.arange(int(past[u]), int(past[u] + n_hist[u])) for u in range(BATCH)]).to(device)
         owner = torch.arange(BATCH, device=device).repeat_interleave(int(n_hist[0]))
         self.slots = table[owner, hist_pos // PAGE_TOKENS] * PAGE_TOKENS + hist_pos % PAGE_TOKENS
-        ids = torch.randint(1, 1000, (tokens,), device=device)
+        ids = torch.randint(1, 1000, (tokens,), device=device, generator=gen)
         kinds = torch.full((tokens,), 6, device=device)
         positions = torch.cat([hist_pos, torch.full((tokens - len(hist_pos),), int(past[0] + n_hist[0]),
                                                     device=device)])
@@ -116,8 +120,9 @@ class StepCase:
         items = torch.from_numpy(self.plan.items.astype(np.int64)).to(device)
         self.inputs = StepInputs(ids, kinds, positions, table, items)
 
-    def run(self) -> None:
-        self.engine.step(self.inputs, self.plan.split, self.slots)
+    def run(self) -> Tensor:
+        """The step's logits (float32, on the device)."""
+        return self.engine.step(self.inputs, self.plan.split, self.slots)
 
     def time(self, calls: int = 25, warm: int = 5) -> float:
         """ms per step (CUDA events, median of the calls after `warm`)."""
@@ -199,14 +204,17 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             reference = out if reference is None else reference
             rows.append({**row, "ms": ms, "tflops": tflops, "max_diff": float((out - reference).abs().max())})
-        timed, breakdown = {}, {}
+        timed, breakdown, logits = {}, {}, {}
         for label, forward_step in steps.items():
             try:
                 step = StepCase(config, data, device, forward_step)
+                logits[label] = step.run().float()
                 timed[label] = f"{step.time():.3f} ms"
                 breakdown[label] = step.kernels()
             except Exception as exc:  # the table above still stands
                 timed[label] = f"failed: {str(exc).splitlines()[0][:160]}"
+        if len(logits) == 2:  # the package (kernel in its split mode) against eager (split by plan)
+            timed["package vs eager, max |logit diff|"] = f"{float((logits['package'] - logits['eager']).abs().max()):.4g}"
         result["shapes"][name] = {"launches": rows, "steps": timed, "kernels": breakdown, "layers": config.num_layers}
         print(f"== {name}: {BATCH} users, past {past}, new history {n_hist}, candidates {n_cand}; "
               f"step ({config.num_layers} layers, default launch): {timed}")
