@@ -5,9 +5,10 @@ and values are all in the page pool (the new history tokens' are written there b
 call), found through each user's page table. A history query at position p sees keys 0..p; a
 candidate sees its user's whole history and itself (its own key and value come from `k`/`v`,
 the new keys of the request's last rows: candidates' keys are never stored). Weights are
-SiLU(q.k) / normaliser, no softmax, so no running maximum is needed: each key's contribution simply adds up, and one query block's keys can be split over
-several programs whose partial sums are added atomically (split-K). That is what keeps a GPU busy
-when a fully cached request has only a few candidate blocks, each facing thousands of keys.
+SiLU(q.k) / normaliser, no softmax, so no running maximum is needed: each key's contribution
+simply adds up, and one query block's keys can be split over several programs whose partial sums
+are added atomically (split-K). That is what keeps a GPU busy when a fully cached request has only
+a few candidate blocks, each facing thousands of keys.
 
 Work items never cross users. Each is one row of `WorkPlan.items`: (user, first row, rows,
 position of the first row, position step, first key, key end). A candidate block has step 0:

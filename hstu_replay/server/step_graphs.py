@@ -6,10 +6,10 @@ A graph has fixed shapes, so a step is padded to a `StepShape`: the candidates t
 of two, the attention work items to the next power of two of the most its blocks can be split into
 (`WorkPlan.capacity`, so that users of other lengths share the graph; padding items have no rows:
 their programs do nothing), the page table to the largest request's (`max_batch` users x the pages of a full
-history). Every index the step needs travels packed in one int64 array (`StepShape.pack`, each part
-16 bytes aligned), staged
-in one pinned host buffer and copied to the device in one copy. Graphs live in a small LRU keyed
-by shape and are dropped when the page pool is reallocated (they hold its addresses).
+history). Every index the step needs travels packed in one int64 array (`StepShape.pack`, each
+part 16 bytes aligned), staged in one pinned host buffer and copied to the device in one copy.
+Graphs live in a small LRU keyed by shape and are dropped when the page pool is reallocated (they
+hold its addresses).
 `HSTU_REPLAY_CUDA_GRAPHS=0` turns them off.
 """
 
