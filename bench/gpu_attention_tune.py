@@ -215,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # the table above still stands
                 timed[label] = f"failed: {str(exc).splitlines()[0][:160]}"
         if len(logits) == 2:  # the package (kernel in its split mode) against eager (split by plan)
-            timed["package vs eager, max |logit diff|"] = f"{float((logits['package'] - logits['eager']).abs().max()):.4g}"
+            diff = float((logits["package"] - logits["eager"]).abs().max())
+            timed["package vs eager, max |logit diff|"] = f"{diff:.4g}"
         result["shapes"][name] = {"launches": rows, "steps": timed, "kernels": breakdown, "layers": config.num_layers}
         print(f"== {name}: {BATCH} users, past {past}, new history {n_hist}, candidates {n_cand}; "
               f"step ({config.num_layers} layers, default launch): {timed}")
