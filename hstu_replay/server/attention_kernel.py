@@ -23,15 +23,21 @@ def silu(s, FAST: tl.constexpr):
 
 
 @triton.jit
+def is_chunk(rows, pos0, step, key0, key_end):
+    """Whether an item is a chunk of a split: one item of several over the same rows, which add up in
+    ACC. An item that visits its rows' whole key range (key 0 to its last row's end) is their only one."""
+    return (key0 != 0) | (key_end != pos0 + step * (rows - 1) + 1)
+
+
+@triton.jit
 def split_chunk(ITEMS):
-    """This program's item: (first row, rows, whether it is a chunk of a split: one item of several
-    over the same rows, which add up in ACC, whether it is the first chunk of its rows). An item that
-    visits its rows' whole key range (key 0 to its last row's end) is their only one."""
+    """This program's item: (first row, rows, whether it is a chunk of a split, whether it is the
+    first chunk of its rows)."""
     item = ITEMS + tl.program_id(0) * 7
     row0 = tl.load(item + 1)
     rows = tl.load(item + 2)
     key0 = tl.load(item + 5)
-    chunk = (key0 != 0) | (tl.load(item + 6) != tl.load(item + 3) + tl.load(item + 4) * (rows - 1) + 1)
+    chunk = is_chunk(rows, tl.load(item + 3), tl.load(item + 4), key0, tl.load(item + 6))
     return row0, rows, chunk, chunk & (key0 == 0)
 
 
@@ -122,8 +128,7 @@ def hstu_paged_attention(Q, K_NEW, V_NEW, K, V, OUT, ACC, ITEMS, PAGE_TABLE,
     acc = acc * scale
     # SPLIT: items may share rows. The only item of its rows writes them to OUT; a chunk of a split
     # adds its part into ACC (zeroed before by split_rows_zero, written out by split_rows_finish).
-    _, _, chunk, _ = split_chunk(ITEMS)
-    if SPLIT and chunk:
+    if SPLIT and is_chunk(rows, pos0, step, key0, key_end):
         acc_at, ok = _rows(ACC, row0, rows, stride_at, stride_ah, BLOCK_M, HEAD_DIM)
         tl.atomic_add(acc_at, acc, mask=ok)
     else:
