@@ -144,11 +144,19 @@ def test_key_hash_meets_the_target_on_every_server(oracle_fleet, sample_store, t
                         "--store", str(sample_store), "--hit-ratios", "0.5,1.0", "--batch-sizes", "1,8",
                         "--stage-seconds", "2", *paced)
     assert result.returncode == 0, result.stderr[-3000:]
-    report = result.report
-    counted = check_against_servers(report, read_records(tmp_path), servers, starts)
+    report, records = result.report, read_records(tmp_path)
+    counted = check_against_servers(report, records, servers, starts)
     ring = plain_ring([s.grpc_url if protocol == "grpc" else s.http_url for s in servers])
-    for r in read_records(tmp_path):
+    for r in records:
         assert ring(r["keys"][0]) == r["server"]  # the ring written apart routes it there too
+    # key hash deals the users out evenly, each to one server for the whole run; how evenly their
+    # requests follow depends on each server's speed (a closed loop on a shared machine), so the
+    # imbalance is checked against what the records count, not against a bound
+    homes = {}
+    for r in records:
+        homes.setdefault(r["user"], set()).add(r["server"])
+    assert sorted(map(len, homes.values())) == [1] * 6
+    assert Counter(server for (server,) in homes.values()) == {i: 6 // len(servers) for i in range(len(servers))}
     for stage in report["fleet"]["stages"]:
         mean = report["stages"][[s["name"] for s in report["stages"]].index(stage["name"])]["mean_history_tokens"]
         for i, row in enumerate(stage["servers"]):
@@ -156,7 +164,8 @@ def test_key_hash_meets_the_target_on_every_server(oracle_fleet, sample_store, t
             ratio = counted[stage["name"], i]
             assert abs(ratio - stage["target_ratio"]) <= ratio_tolerance(mean, PAGE), (stage["name"], i, ratio)
             assert row["predicted_ratio"] == pytest.approx(ratio, abs=1e-9)  # the client's model of that server
-        assert stage["imbalance"] < 1.6
+        loads = Counter(r["server"] for r in records if r["kind"] == "measure" and r["stage"] == stage["name"])
+        assert stage["imbalance"] == pytest.approx(max(loads.values()) * len(servers) / sum(loads.values()))
     assert "the fleet's servers (--routing key-hash)" in result.stdout
     assert (tmp_path / "fleet.csv").read_text().count("\n") == 1 + 4 * len(servers)
 
