@@ -49,7 +49,8 @@ TOP_KERNELS = 14
 
 
 def case(past: int, n_hist: int, n_cand: int, heads: int, head_dim: int, device, rng) -> dict:
-    """Random q/k/v and a pool holding every user's `past + n_hist` keys, pages shuffled."""
+    """Random q/k/v, views of one projection as a step passes them, and a pool holding every user's
+    `past + n_hist` keys, pages shuffled."""
     kv = past + n_hist
     pages_each = -(-kv // PAGE_TOKENS)
     order = torch.from_numpy(rng.permutation(BATCH * pages_each)).to(device)
@@ -60,9 +61,9 @@ def case(past: int, n_hist: int, n_cand: int, heads: int, head_dim: int, device,
     def normal(*shape):
         return torch.randn(*shape, device=device, dtype=torch.bfloat16)
 
-    return dict(q=normal(tokens, heads, head_dim), k=normal(tokens, heads, head_dim), v=normal(tokens, heads, head_dim),
-                pool_k=normal(slots, heads, head_dim), pool_v=normal(slots, heads, head_dim), page_table=page_table,
-                lengths=(np.full(BATCH, past), np.full(BATCH, n_hist), np.full(BATCH, n_cand)))
+    _, v, q, k = normal(tokens, 4, heads, head_dim).unbind(1)  # the layer's u, v, q, k projection
+    return dict(q=q, k=k, v=v, pool_k=normal(slots, heads, head_dim), pool_v=normal(slots, heads, head_dim),
+                page_table=page_table, lengths=(np.full(BATCH, past), np.full(BATCH, n_hist), np.full(BATCH, n_cand)))
 
 
 def useful_flops(items: np.ndarray, heads: int, head_dim: int) -> float:

@@ -6,9 +6,11 @@
 
 namespace {
 
-at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
+// q, k_new, v_new: the layer's projection before its SiLU, applied here; the pool's keys and values after it.
+at::Tensor paged_attention(const at::Tensor& q_projected, const at::Tensor& k_projected, const at::Tensor& v_projected,
                            const at::Tensor& pool_k, const at::Tensor& pool_v, const at::Tensor& page_table,
                            const at::Tensor& items, int64_t page_tokens, double normaliser) {
+  const at::Tensor q = at::silu(q_projected), k_new = at::silu(k_projected), v_new = at::silu(v_projected);
   at::Tensor out = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
   const at::Tensor work = items.to(at::kCPU, at::kLong).contiguous();
   const at::Tensor table = page_table.to(at::kLong);

@@ -23,6 +23,13 @@ def silu(s, FAST: tl.constexpr):
 
 
 @triton.jit
+def activated(x):
+    """SiLU of the projection's values x, in 32 bits and rounded back to x's type, as the model's
+    own SiLU of them rounds (exact sigmoid: these values are read once a program, not in its loop)."""
+    return silu(x.to(tl.float32), 0).to(x.dtype)
+
+
+@triton.jit
 def is_chunk(rows, pos0, step, key0, key_end):
     """Whether an item is a chunk of a split: one item of several over the same rows, which add up in
     ACC. An item that visits its rows' whole key range (key 0 to its last row's end) is their only one."""
@@ -74,6 +81,8 @@ def split_rows_finish(ACC, OUT, ITEMS, stride_at, stride_ah, stride_ot, stride_o
 # the two integers that vary from request to request: specialised (a value of 1, a multiple of 16),
 # each would compile the kernel again for a new kind of request, while it is being served
 @triton.jit(do_not_specialize=["stride_page_table", "new_row0"])
+# Q, K_NEW, V_NEW: the projection's values, SiLU not yet applied (it is here, on reading them); K, V:
+# the pool's, stored after it
 def hstu_paged_attention(Q, K_NEW, V_NEW, K, V, OUT, ACC, ITEMS, PAGE_TABLE,
                          stride_qt, stride_qh, stride_nt, stride_nh, stride_kt, stride_kh, stride_ot, stride_oh,
                          stride_at, stride_ah, stride_page_table, scale, new_row0,
@@ -92,15 +101,15 @@ def hstu_paged_attention(Q, K_NEW, V_NEW, K, V, OUT, ACC, ITEMS, PAGE_TABLE,
     d = tl.arange(0, HEAD_DIM)
     n = tl.arange(0, BLOCK_N)
     row_ok = m < rows
-    q = tl.load(Q + (row0 + m).to(tl.int64)[:, None] * stride_qt + head * stride_qh + d[None, :],
-                mask=row_ok[:, None], other=0.0)
+    q = activated(tl.load(Q + (row0 + m).to(tl.int64)[:, None] * stride_qt + head * stride_qh + d[None, :],
+                          mask=row_ok[:, None], other=0.0))
     query_pos = pos0 + step * m
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     if (step == 0) & (key0 == 0):  # candidates see themselves (added once: by their first key chunk)
         # K_NEW/V_NEW hold the new keys of Q's rows from new_row0 on (the candidates' at least)
         own = (row0 - new_row0 + m).to(tl.int64)[:, None] * stride_nt + head * stride_nh + d[None, :]
-        k_own = tl.load(K_NEW + own, mask=row_ok[:, None], other=0.0).to(tl.float32)
-        v_own = tl.load(V_NEW + own, mask=row_ok[:, None], other=0.0).to(tl.float32)
+        k_own = activated(tl.load(K_NEW + own, mask=row_ok[:, None], other=0.0)).to(tl.float32)
+        v_own = activated(tl.load(V_NEW + own, mask=row_ok[:, None], other=0.0)).to(tl.float32)
         s_own = tl.sum(q.to(tl.float32) * k_own, axis=1)
         # one value a row: a tanh of two packed values cannot apply here
         acc += silu(s_own, 1 if FAST_SILU == 2 else FAST_SILU)[:, None] * v_own

@@ -4,7 +4,10 @@ Queries are the request's new tokens, history first for every user, then every c
 and values are all in the page pool (the new history tokens' are written there before the
 call), found through each user's page table. A history query at position p sees keys 0..p; a
 candidate sees its user's whole history and itself (its own key and value come from `k`/`v`,
-the new keys of the request's last rows: candidates' keys are never stored). Weights are
+the new keys of the request's last rows: candidates' keys are never stored). The new tokens'
+`q`, `k` and `v` arrive as the layer's projection made them, before its SiLU, which the attention
+applies as it reads them (so that a compiled step need not lay them out activated first); the
+pool holds keys and values after it. Weights are
 SiLU(q.k) / normaliser, no softmax, so no running maximum is needed: each key's contribution
 simply adds up, and one query block's keys can be split over several programs whose partial sums
 are added atomically (split-K). That is what keeps a GPU busy when a fully cached request has only
@@ -163,7 +166,8 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, pool_k: Tensor, pool_v: Ten
                     launch: KernelLaunch | None = None) -> Tensor:
     """q [T, H, D] the new tokens' queries; k, v [C, H, D] the new keys and values of q's last C rows,
     C at least the candidates' (only a candidate's own key is read from them: history keys come from
-    the pool); all three any strides, last contiguous; pool_k/v [slots, H, D];
+    the pool); all three before the SiLU (applied here), any strides, last contiguous, k and v's the
+    same; pool_k/v [slots, H, D] after it;
     page_table int [B, pages]; `items` a `WorkPlan`'s items (any int type; items of no rows do nothing) on
     q's device and `split` its flag; `launch` the kernel's (default `LAUNCH`; the plan cut to its tiles).
     Returns [T, H, D] in q's dtype."""
@@ -178,6 +182,7 @@ def reference_attention(q: Tensor, k_new: Tensor, v_new: Tensor, pool_k: Tensor,
     """The same computation in plain PyTorch, one item at a time (CPU serving and the kernel's check)."""
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     new_row0 = q.shape[0] - k_new.shape[0]  # k_new/v_new: the last rows' (see paged_attention)
+    q, k_new, v_new = F.silu(q), F.silu(k_new), F.silu(v_new)
     for user, row0, rows, pos0, step, key0, key_end in items.tolist():
         if step == 0 and key0 == 0:  # candidates see themselves (added once: by their first key chunk)
             own_rows = slice(row0 - new_row0, row0 - new_row0 + rows)

@@ -31,10 +31,10 @@ class Case:
     n_cand: np.ndarray
     page_tokens: int
     normaliser: float
-    q: torch.Tensor  # [T, H, D]: all users' new history rows, then all candidate rows
-    k: torch.Tensor  # the new tokens' keys and values (history ones are in the pool too)
+    q: torch.Tensor  # [T, H, D]: all users' new history rows, then all candidate rows; before the SiLU
+    k: torch.Tensor  # the new tokens' keys and values, before the SiLU (history ones are in the pool, after it)
     v: torch.Tensor
-    keys: list[torch.Tensor]  # per user, every history token's key [kv_len, H, D] (past + new)
+    keys: list[torch.Tensor]  # per user, every history token's key [kv_len, H, D] (past + new), after the SiLU
     values: list[torch.Tensor]
     pool_k: torch.Tensor  # [slots, H, D]; slots no user token occupies hold NaN
     pool_v: torch.Tensor
@@ -67,8 +67,8 @@ def make_case(past, n_hist, n_cand, page_tokens=4, seed=0, normaliser=50.0, spar
         used += n_pages[b]
         new = slice(row, row + int(n_hist[b]))
         row += int(n_hist[b])
-        keys.append(torch.cat([rand(int(past[b]), HEADS, DIM), k[new]]))
-        values.append(torch.cat([rand(int(past[b]), HEADS, DIM), v[new]]))
+        keys.append(torch.cat([rand(int(past[b]), HEADS, DIM), F.silu(k[new])]))
+        values.append(torch.cat([rand(int(past[b]), HEADS, DIM), F.silu(v[new])]))
         pos = np.arange(kv_len[b])
         slots = torch.from_numpy(page_table[b, pos // page_tokens].astype(np.int64) * page_tokens + pos % page_tokens)
         pool_k[slots], pool_v[slots] = keys[-1], values[-1]
@@ -78,7 +78,8 @@ def make_case(past, n_hist, n_cand, page_tokens=4, seed=0, normaliser=50.0, spar
 
 def dense(case: Case) -> torch.Tensor:
     """First principles, one query row at a time: history at position p sees keys 0..p; a candidate
-    sees all its user's history and itself; weights silu(q.k) / normaliser, no softmax."""
+    sees all its user's history and itself; weights silu(q.k) / normaliser, no softmax; the new
+    tokens' q, k and v activated by a SiLU first."""
     out = torch.zeros_like(case.q, dtype=torch.float64)
     hist_row = 0
     cand_row = int(case.n_hist.sum())
@@ -86,15 +87,15 @@ def dense(case: Case) -> torch.Tensor:
         keys, values = case.keys[b].double(), case.values[b].double()
         for i in range(int(case.n_hist[b])):
             p = int(case.past[b]) + i
-            q = case.q[hist_row].double()  # [H, D]
+            q = F.silu(case.q[hist_row].double())  # [H, D]
             w = F.silu(torch.einsum("hd,khd->hk", q, keys[:p + 1]))
             out[hist_row] = torch.einsum("hk,khd->hd", w, values[:p + 1])
             hist_row += 1
         for _ in range(int(case.n_cand[b])):
-            q = case.q[cand_row].double()
+            q = F.silu(case.q[cand_row].double())
             w = F.silu(torch.einsum("hd,khd->hk", q, keys))
-            own = F.silu((q * case.k[cand_row].double()).sum(-1))  # [H]
-            out[cand_row] = torch.einsum("hk,khd->hd", w, values) + own[:, None] * case.v[cand_row].double()
+            own = F.silu((q * F.silu(case.k[cand_row].double())).sum(-1))  # [H]
+            out[cand_row] = torch.einsum("hk,khd->hd", w, values) + own[:, None] * F.silu(case.v[cand_row].double())
             cand_row += 1
     return (out / case.normaliser).float()
 
