@@ -1,7 +1,8 @@
 """Two cache tiers under real Locust runs against the oracle server's two-tier variant: the tier mix
 a run is steered to is met (within 0.02 of the target, by the oracle's own account), and what the
 report says of each tier equals what the oracle saw (within 0.005), with and without the server's
-HOST_CACHED_TOKENS, under a master and two workers and under open-loop Poisson arrivals."""
+HOST_CACHED_TOKENS, under a master and two workers and under open-loop Poisson arrivals; and
+against the reference target's own two tiers (one process, and a master and two workers)."""
 
 from __future__ import annotations
 
@@ -220,3 +221,44 @@ def test_open_loop_poisson_arrivals_at_batch_8_meet_the_tier_mix(oracle_servers,
     assert not [f for f in stage["flags"] if f["flag"] == "off-target"], stage["flags"]
     print(f"open loop {stage['name']}: reported {stage['tiers']['mix']} oracle "
           f"{ {t: round(o[t] / users, 4) for t in MIX} } over {users} users at {b['throughput_rps']:.1f} req/s")
+
+
+def test_master_and_workers_against_the_reference_targets_two_tiers_meet_the_mix_by_its_own_count(
+        batched_step_repository, sample_store, tmp_path):
+    """The reference target's host tier in C++ (pools twice the one-process test's), a master and two
+    workers of one user each: the mix is met within 0.02 by the server's own HOST_CACHED_TOKENS (the
+    users it answered per tier, counted here from the run's records), and the report says the same."""
+    import json
+
+    from tests.conftest import run_distributed, start_server, stop_server
+
+    server = start_server(batched_step_repository, tmp_path / "server.log", "--engine", "batched-aoti",
+                          "--frontend", "cpp-backend", "--cache-budget-tokens", str(2 * GPU), "--host-budget-tokens",
+                          str(2 * HOST), "--offload-mode", "flexkv", "--threads", "1", ready_timeout=600)
+    try:
+        code, report_dir, log = run_distributed(
+            tmp_path, "--triton-url", server.grpc_url, "--workload", "sessions", "--store", str(sample_store),
+            "--hit-ratios", "0.8", "--batch-sizes", "1,4", "--stage-seconds", "8", "--warmup-seconds", "3",
+            "--max-history", "256", "--tier-mix", "gpu:0.6,host:0.3,miss:0.1", "--offload-mode", "flexkv",
+            users=2, workers=2)
+    finally:
+        stop_server(server)
+    assert code == 0, log[-3000:]
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["run"]["reports_tiers"] is True and len(report["stages"]) == 2
+    records = [r for r in read_records(report_dir) if r["kind"] == "measure" and r["ok"]]
+    assert {r["worker"] for r in records} == {0, 1}
+    for stage in report["stages"]:
+        tiers = stage["tiers"]
+        assert tiers["source"] == "observed", tiers
+        users = tiers["observed"]["users"]
+        assert sum(users.values()) >= 60, users
+        for tier, share in MIX.items():
+            assert abs(users[tier] / sum(users.values()) - share) <= 0.02, (stage["name"], tier, users)
+        # the master's figures are the workers' records merged: the server's word on the wire, summed here
+        mine = [r for r in records if r["stage"] == stage["name"]]
+        tokens, hits, host = (sum(r[k] for r in mine) for k in ("tokens", "observed_hits", "observed_host_hits"))
+        assert tiers["host_ratio"] == pytest.approx(host / tokens, abs=1e-9) and host > 0
+        assert tiers["gpu_ratio"] == pytest.approx((hits - host) / tokens, abs=1e-9)
+        print(f"distributed, reference target {stage['name']}: mix {tiers['mix']} over {sum(users.values())} "
+              f"users (the server's word), {stage['hit_disagreements']} requests the workers' models mispredicted")
