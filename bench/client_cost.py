@@ -28,9 +28,12 @@ primes included in send order, as an `--input-data` trace (`plan.perf_analyzer`)
    request in flight over the shape's requests: tritonclient (InferInput per call, what the
    first version sent with) against ours (`TritonClient.infer`, over gRPC through each transport),
    and for gRPC grpcio sending messages encoded before the loop (the floor of any gRPC client on
-   grpcio); CPU from getrusage.
+   grpcio); CPU from getrusage; beside each call's wall time, Triton's own mean per request
+   (`success`, the child's warm-up requests included) and the difference: the client, the
+   transport and Triton's frontend, what a model's speed cannot change. Needs no perf_analyzer
+   (`--skip cpu,floor,rate`: this section alone, e.g. on a GPU machine).
 Prints markdown tables, the commands and the machine's load. Exit 2 with one line if
-perf_analyzer cannot be obtained or run.
+perf_analyzer cannot be obtained or run (for the sections that use it).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import harness
+from bench.gpu_triton_stats import per_request_ms, snapshot
 from bench.harness import ROOT, Shape, Window
 from hstu_replay.interface import KVCACHE
 
@@ -291,12 +295,15 @@ def transport_loops(server, shape: Shape, args) -> list[list]:
                                          options=options,
                                          seconds=args.seconds, shape=(shape.batch, shape.history, shape.candidates),
                                          dumps=str(dumps))
+            before = snapshot(server.ports.http)
             done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
             if done.returncode:
                 raise SystemExit(f"transport loop failed: {done.stderr.strip()[-300:]}")
+            success = per_request_ms(before, snapshot(server.ports.http))[MODEL]["success"]
             n, seconds, cpu, faults = done.stdout.split()
-            rows.append([shape.name, protocol, name, int(n) / float(seconds), 1e3 * float(cpu) / int(n),
-                         int(faults) / int(n)])
+            wall = 1e3 * float(seconds) / int(n)
+            rows.append([shape.name, protocol, name, int(n) / float(seconds), wall, success, wall - success,
+                         1e3 * float(cpu) / int(n), int(faults) / int(n)])
     return rows
 
 
@@ -327,11 +334,11 @@ def main() -> int:
     skip = set(filter(None, args.skip.split(",")))
     OUT.mkdir(parents=True, exist_ok=True)
     try:
-        pa_env = harness.perf_analyzer_env()
+        pa_env = harness.perf_analyzer_env() if {"cpu", "floor", "rate"} - skip else None
     except harness.Unavailable as exc:
         print(f"perf_analyzer unavailable: {exc}", file=sys.stderr)
         return 2
-    store = Path(args.store) if args.store else harness.synthetic_store(OUT / "store")
+    store = None if "cpu" in skip else Path(args.store) if args.store else harness.synthetic_store(OUT / "store")
     load_before = harness.machine_load()
     server = harness.start_null(KVCACHE, OUT / "server.log")
     readings, floors, loops = [], [], []
@@ -354,7 +361,8 @@ def main() -> int:
     print()
     if loops:
         print("The transports alone (one request in flight, gevent-patched process, getrusage):\n")
-        print(harness.table(["shape", "protocol", "transport", "req/s", "CPU ms/request", "faults/request"], loops))
+        print(harness.table(["shape", "protocol", "transport", "req/s", "ms/request", "Triton success ms",
+                             "outside Triton ms", "CPU ms/request", "faults/request"], loops))
         print()
     if readings:
         print("CPU per request, each workload beside perf_analyzer replaying the same requests (primes included; "
@@ -371,7 +379,8 @@ def main() -> int:
         print(harness.table(["protocol", "users", "req/s", "worker cores busy", "req/s per core", "CPU ms/request"], rates))
         print()
     print(f"command: {harness.this_command()}")
-    print(f"perf_analyzer: {' '.join(harness.perf_analyzer_command('URL', 'PROTOCOL', MODEL, Path('TRACE')))}")
+    if pa_env is not None:
+        print(f"perf_analyzer: {' '.join(harness.perf_analyzer_command('URL', 'PROTOCOL', MODEL, Path('TRACE')))}")
     print(f"load average before: {load_before}; after: {harness.machine_load()}")
     return 0
 

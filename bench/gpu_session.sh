@@ -31,6 +31,9 @@
 #   locust-cpp    the same against our C++ backend, on the package protocol-cpp compiled
 #   flow          `hstu-replay flow l0 --config kuairand-1k` on the GPU (FLOW_ARGS: more options, e.g.
 #                 "--frontend cpp-backend")
+#   transport     the protocol's batch-8 request (8 x (4,096 + 100) items, 0.5 MB) against a do-nothing model:
+#                 each client transport's time a call, Triton's own, and the difference (client, transport
+#                 and Triton's frontend: what no model can take off a protocol figure; bench/client_cost.py)
 #   scale-out     `python -m bench.scale_out --workers 1,2,4,8`, 600 req/s each, against a do-nothing
 #                 Python-backend model on the bundled tritonserver (INVALID rows: exit 1)
 # (DEVICE=cpu bash bench/gpu_session.sh runs/x env:30 aoti-check:300: the CPU-runnable steps here)
@@ -135,6 +138,7 @@ step_flow() {  # reuses the repository protocol-aoti compiled, where there is on
     $PY -m hstu_replay.cli flow l0 --out "$OUT/flow" --config "${FLOW_CONFIG:-kuairand-1k}" --device "$DEVICE" \
         $( [ -f "$from/hstu_target.json" ] && echo --export-from "$from" ) ${FLOW_ARGS:-}
 }
+step_transport() { $PY -m bench.client_cost --skip cpu,floor,rate --shapes 4096 --seconds 8 --rounds 1; }
 step_scale_out() {
     $PY -m bench.scale_out --workers "${WORKERS:-1,2,4,8}" --instances "${INSTANCES:-16}" \
         --rate-per-worker "${RATE_PER_WORKER:-600}" --seconds 10
