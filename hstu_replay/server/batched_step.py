@@ -20,6 +20,11 @@ from hstu_replay.server.model import HSTUModel
 from hstu_replay.server.paged_attention import paged_attention
 
 
+def _by_head(t: Tensor, cfg) -> Tensor:
+    """[tokens, heads x head dim] as [tokens, heads, head dim] (a view)."""
+    return t.unflatten(-1, (cfg.num_heads, cfg.head_dim))
+
+
 class BatchedStep(nn.Module):
     def __init__(self, model: HSTUModel, page_tokens: int, attention=None) -> None:
         """`attention(q, k, v, pool_k, pool_v, page_table, items)` (q, k, v: every new token's, before
@@ -36,19 +41,18 @@ class BatchedStep(nn.Module):
         # lowering of index_put_ cannot broadcast against the slots' (ExpandView([u0, ...], [s, ...]))
         torch._check(n_hist <= ids.shape[0])
         x = model.embed(ids, kinds, positions)
-        heads = lambda t: t.unflatten(-1, (cfg.num_heads, cfg.head_dim))  # noqa: E731
         for index, layer in enumerate(model.layers):
             projected = layer.uvqk(layer.norm_in(x))
             u, v, q, k = F.silu(projected).split(cfg.attn_dim, dim=-1)
             # contiguous: Inductor cannot slice the strided view `split` leaves (a lowering error on a GPU)
-            k, v = (heads(t).contiguous() for t in (k, v))
+            k, v = (_by_head(t, cfg).contiguous() for t in (k, v))
             at_layer = slots.new_full((1,), index)
             pool_k.index_put_((at_layer, slots), k.narrow(0, 0, n_hist))
             pool_v.index_put_((at_layer, slots), v.narrow(0, 0, n_hist))
             # attention takes the new tokens' q, k and v from the projection as it is, and applies the
             # SiLU as it reads them: none of them is laid out for it (of k and v it reads the
             # candidates' own rows alone; the history's are in the pool)
-            _, v_new, q_new, k_new = (heads(t) for t in projected.split(cfg.attn_dim, dim=-1))
+            _, v_new, q_new, k_new = (_by_head(t, cfg) for t in projected.split(cfg.attn_dim, dim=-1))
             if self.attention is None:
                 attn = paged_attention(q_new, k_new, v_new, pool_k[index], pool_v[index], page_table, split, items,
                                        self.page_tokens, cfg.attn_normaliser)
