@@ -12,7 +12,8 @@
 # (DEVICE=cpu DTYPE=float32 CONFIGS=small HISTORY=256 CANDIDATES=16 SCALE=0.05 bash bench/gpu_protocol.sh
 #  runs/x 32: the same on a CPU)
 # Synthetic KuaiRand-1K users (full scale), each user's latest 100 events ranked after up to 4096
-# before them; protocol.json/.html of every run under OUT_DIR/<config>-run<N>/.
+# before them; protocol.json/.html of every run under OUT_DIR/<config>-run<N>/, and at the end the
+# runs side by side (each figure's lowest, median and highest: bench/protocol_runs.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?output folder}
@@ -77,3 +78,5 @@ prepare_engine('batched-aoti', sys.argv[1], get_config(sys.argv[2], sys.argv[3])
     done
     kill -INT $SERVER; wait $SERVER; SERVER=
 done
+echo "== every run of this invocation, side by side (bench/protocol_runs.py)"
+$PY -m bench.protocol_runs "$OUT"
