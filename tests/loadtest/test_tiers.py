@@ -262,5 +262,10 @@ def test_master_and_workers_against_the_reference_targets_two_tiers_meet_the_mix
         tokens, hits, host = (sum(r[k] for r in mine) for k in ("tokens", "observed_hits", "observed_host_hits"))
         assert tiers["host_ratio"] == pytest.approx(host / tokens, abs=1e-9) and host > 0
         assert tiers["gpu_ratio"] == pytest.approx((hits - host) / tokens, abs=1e-9)
+        if stage["batch_size"] == 1:  # one user a record: its tier, classified here from the server's two words
+            by_hand = {"gpu": 0, "host": 0, "miss": 0}
+            for r in mine:
+                by_hand["host" if r["observed_host_hits"] else "gpu" if r["observed_hits"] else "miss"] += 1
+            assert by_hand == users
         print(f"distributed, reference target {stage['name']}: mix {tiers['mix']} over {sum(users.values())} "
               f"users (the server's word), {stage['hit_disagreements']} requests the workers' models mispredicted")
