@@ -78,11 +78,11 @@ def split_rows_finish(ACC, OUT, ITEMS, stride_at, stride_ah, stride_ot, stride_o
         tl.store(out_at, tl.load(acc_at, mask=ok, other=0.0).to(OUT.dtype.element_ty), mask=ok)
 
 
-# the two integers that vary from request to request: specialised (a value of 1, a multiple of 16),
-# each would compile the kernel again for a new kind of request, while it is being served
-@triton.jit(do_not_specialize=["stride_page_table", "new_row0"])
 # Q, K_NEW, V_NEW: the projection's values, SiLU not yet applied (it is here, on reading them); K, V:
-# the pool's, stored after it
+# the pool's, stored after it. Not specialised: the two integers that vary from request to request
+# (specialised on a value of 1 or a multiple of 16, each would compile the kernel again for a new kind
+# of request, while it is being served).
+@triton.jit(do_not_specialize=["stride_page_table", "new_row0"])
 def hstu_paged_attention(Q, K_NEW, V_NEW, K, V, OUT, ACC, ITEMS, PAGE_TABLE,
                          stride_qt, stride_qh, stride_nt, stride_nh, stride_kt, stride_kh, stride_ot, stride_oh,
                          stride_at, stride_ah, stride_page_table, scale, new_row0,
