@@ -146,6 +146,12 @@ def _say_what_changed(prepared) -> None:
     for batch, cap in prepared.history_caps().items():
         print(f"hstu-replay: batch {batch}: histories capped at {cap} items so that {batch} users fit "
               f"--max-values {config.data.max_values}", file=sys.stderr, flush=True)
+    workers = prepared.placement.worker_count
+    if config.cache.tier_mix is not None and workers > 1 and prepared.placement.role.reports \
+            and not config.sweep.arrival.open:
+        print(f"hstu-replay: --tier-mix with {workers} workers back to back: each steers against its share of "
+              "the server's pools, and one running faster than the others ages their keys out early, so the "
+              "mix drifts (an open-loop --arrival keeps them in step)", file=sys.stderr, flush=True)
 
 
 @events.test_stop.add_listener

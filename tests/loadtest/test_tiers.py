@@ -172,6 +172,7 @@ def test_master_and_workers_steered_to_a_tier_mix_meet_it_and_report_what_the_or
         "--host-budget-tokens", str(2 * HOST), "--tier-mix", "gpu:0.6,host:0.3,miss:0.1", "--offload-mode", "flexkv",
         users=4, workers=2)
     assert code == 0, log[-3000:]
+    assert "--tier-mix with 2 workers back to back: each steers against its share" in log
     report = json.loads((report_dir / "report.json").read_text())
     seen = seen_since(oracle, start)
     assert not [e for e in seen if e["violations"]]
@@ -246,6 +247,7 @@ def test_master_and_workers_against_the_reference_targets_two_tiers_meet_the_mix
     finally:
         stop_server(server)
     assert code == 0, log[-3000:]
+    assert "--tier-mix with" not in log  # paced: no warning
     report = json.loads((report_dir / "report.json").read_text())
     assert report["run"]["reports_tiers"] is True and len(report["stages"]) == 2
     records = [r for r in read_records(report_dir) if r["kind"] == "measure" and r["ok"]]
