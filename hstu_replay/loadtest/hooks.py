@@ -138,7 +138,7 @@ def _test_start(environment, **_):
 
 
 def _say_what_changed(prepared) -> None:
-    """Where the run differs from what its options asked for, one line each."""
+    """Where the run differs from what its options asked for, or may not give it, one line each."""
     config = prepared.config
     if not prepared.caches and any(config.sweep.ratios):
         print(f"hstu-replay: model {config.target.model} keeps no KV cache: one stage at hit ratio 0 per batch "
