@@ -6,11 +6,12 @@
 
 namespace {
 
-// q, k_new, v_new: the layer's projection before its SiLU, applied here; the pool's keys and values after it.
-at::Tensor paged_attention(const at::Tensor& q_projected, const at::Tensor& k_projected, const at::Tensor& v_projected,
+// q, k_new, v_new: the layer's projection before its SiLU, applied here (of k_new and v_new to the
+// candidates' own rows alone, the only ones read); the pool's keys and values after it.
+at::Tensor paged_attention(const at::Tensor& q_projected, const at::Tensor& k_new, const at::Tensor& v_new,
                            const at::Tensor& pool_k, const at::Tensor& pool_v, const at::Tensor& page_table,
                            const at::Tensor& items, int64_t page_tokens, double normaliser) {
-  const at::Tensor q = at::silu(q_projected), k_new = at::silu(k_projected), v_new = at::silu(v_projected);
+  const at::Tensor q = at::silu(q_projected);
   at::Tensor out = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
   const at::Tensor work = items.to(at::kCPU, at::kLong).contiguous();
   const at::Tensor table = page_table.to(at::kLong);
@@ -24,10 +25,10 @@ at::Tensor paged_attention(const at::Tensor& q_projected, const at::Tensor& k_pr
     at::Tensor target = out.narrow(0, row0, rows);
     const at::Tensor query_rows = q.narrow(0, row0, rows);
     if (step == 0 && key0 == 0) {  // candidates see themselves (added once: by their first key chunk)
-      const at::Tensor own =
-          at::silu((query_rows.to(at::kFloat) * k_new.narrow(0, row0 - new_row0, rows).to(at::kFloat))
-                       .sum(-1, /*keepdim=*/true));
-      target.add_(own * v_new.narrow(0, row0 - new_row0, rows).to(at::kFloat));
+      const at::Tensor own_k = at::silu(k_new.narrow(0, row0 - new_row0, rows)).to(at::kFloat);
+      const at::Tensor own_v = at::silu(v_new.narrow(0, row0 - new_row0, rows)).to(at::kFloat);
+      const at::Tensor own = at::silu((query_rows.to(at::kFloat) * own_k).sum(-1, /*keepdim=*/true));
+      target.add_(own * own_v);
     }
     if (key_end <= key0) continue;
     const at::Tensor key_pos = at::arange(key0, key_end, index);

@@ -43,7 +43,7 @@ class BatchedStep(nn.Module):
         x = model.embed(ids, kinds, positions)
         for index, layer in enumerate(model.layers):
             projected = layer.uvqk(layer.norm_in(x))
-            u, v, q, k = F.silu(projected).split(cfg.attn_dim, dim=-1)
+            u, v, _, k = F.silu(projected).split(cfg.attn_dim, dim=-1)  # q: activated by the attention
             # contiguous: Inductor cannot slice the strided view `split` leaves (a lowering error on a GPU)
             k, v = (_by_head(t, cfg).contiguous() for t in (k, v))
             at_layer = slots.new_full((1,), index)

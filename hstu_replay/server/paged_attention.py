@@ -182,12 +182,12 @@ def reference_attention(q: Tensor, k_new: Tensor, v_new: Tensor, pool_k: Tensor,
     """The same computation in plain PyTorch, one item at a time (CPU serving and the kernel's check)."""
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     new_row0 = q.shape[0] - k_new.shape[0]  # k_new/v_new: the last rows' (see paged_attention)
-    q, k_new, v_new = F.silu(q), F.silu(k_new), F.silu(v_new)
+    q = F.silu(q)  # every row is a query; of k_new and v_new only the candidates' own rows are read
     for user, row0, rows, pos0, step, key0, key_end in items.tolist():
         if step == 0 and key0 == 0:  # candidates see themselves (added once: by their first key chunk)
             own_rows = slice(row0 - new_row0, row0 - new_row0 + rows)
-            own = F.silu((q[row0:row0 + rows].float() * k_new[own_rows].float()).sum(-1, keepdim=True))
-            out[row0:row0 + rows] += own * v_new[own_rows].float()
+            own = F.silu((q[row0:row0 + rows].float() * F.silu(k_new[own_rows]).float()).sum(-1, keepdim=True))
+            out[row0:row0 + rows] += own * F.silu(v_new[own_rows]).float()
         key_pos = torch.arange(key0, key_end, device=q.device)
         slots = page_table[user].long()[key_pos // page_tokens] * page_tokens + key_pos % page_tokens
         k, v = pool_k[slots].transpose(0, 1), pool_v[slots].transpose(0, 1)  # [H, keys, D]
