@@ -37,16 +37,17 @@ from hstu_replay.server.paged_attention import (LAUNCH, MIN_PROGRAMS, SILU_TANH_
 
 PAGE_TOKENS = 32
 BATCH = 8
-GRID = [LAUNCH] + [KernelLaunch(m, n, w, s) for m, n, w, s in [
-    (128, 128, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3), (128, 128, 4, 2),
+# each the same tiles for whole items and chunks (LAUNCH: the chunks of a split on tiles of their own)
+GRID = [LAUNCH] + [KernelLaunch.uniform(m, n, w, s) for m, n, w, s in [
+    (128, 64, 4, 3), (128, 128, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3), (128, 128, 4, 2),
     # smaller key blocks, for the fully cached shape (call 21's best there: 128 x 32, 0.117 ms against 0.150)
     (128, 32, 4, 2), (128, 32, 8, 3), (64, 32, 4, 3),
     # 8 warps on the default tiles: no spills in the key loop where 4 warps spill (ptxas for sm_90a)
-    (128, 64, 8, 3), (128, 64, 8, 2)]
-    if KernelLaunch(m, n, w, s) != LAUNCH]
+    (128, 64, 8, 3), (128, 64, 8, 2)]]
 #: the default launch with SiLU as one tanh for two 16-bit values
 LAUNCH_BF16X2 = replace(LAUNCH, silu=SILU_TANH_BF16X2)
-GRID += [LAUNCH_BF16X2, KernelLaunch(128, 128, 4, 2, SILU_TANH_BF16X2), KernelLaunch(64, 64, 4, 4, SILU_TANH_BF16X2)]
+GRID += [LAUNCH_BF16X2, KernelLaunch.uniform(128, 128, 4, 2, SILU_TANH_BF16X2),
+         KernelLaunch.uniform(64, 64, 4, 4, SILU_TANH_BF16X2)]
 #: fully cached only: how many programs the keys are split to reach (the plan's `min_programs`)
 SPLITS = [132, 264, 1024, 2048]
 TOP_KERNELS = 14
@@ -79,11 +80,11 @@ def useful_flops(items: np.ndarray, heads: int, head_dim: int) -> float:
 def time_launch(launch: KernelLaunch, data: dict, heads: int, normaliser: float, head_dim: int,
                 min_programs: int = MIN_PROGRAMS, split_mode: bool = False):
     """The kernel on `data` with a plan split to `min_programs`; `split_mode`: the kernel's split mode
-    whatever the plan, as a compiled step runs it (the split's three launches)."""
+    whatever the plan, as a compiled step runs it (the split's four launches: zero, whole items, chunks, finish)."""
     import triton.testing
 
     plan = WorkPlan.plan(*data["lengths"], heads, block_m=launch.block_m, block_n=launch.block_n,
-                         min_programs=min_programs)
+                         min_programs=min_programs, chunk_block_m=launch.chunk_block_m)
     items = torch.from_numpy(plan.items).to(data["q"].device)
 
     def call():
@@ -225,9 +226,10 @@ def main(argv: list[str] | None = None) -> int:
         result["shapes"][name] = {"launches": rows, "steps": timed, "kernels": breakdown, "layers": config.num_layers}
         print(f"== {name}: {BATCH} users, past {past}, new history {n_hist}, candidates {n_cand}; "
               f"step ({config.num_layers} layers, default launch): {timed}")
-        print(table(["block_m", "block_n", "warps", "stages", "silu", "min programs", "split mode", "ms", "TFLOP/s",
-                     "max diff", "error"],
-                    [[r["block_m"], r["block_n"], r["num_warps"], r["num_stages"], r["silu"], r["min_programs"],
+        print(table(["block_m", "block_n", "warps", "stages", "chunks: block_m/warps/stages", "silu", "min programs",
+                     "split mode", "ms", "TFLOP/s", "max diff", "error"],
+                    [[r["block_m"], r["block_n"], r["num_warps"], r["num_stages"],
+                      f"{r['chunk_block_m']}/{r['chunk_warps']}/{r['chunk_stages']}", r["silu"], r["min_programs"],
                       "always" if r["split_mode"] else "by plan", r.get("ms", ""), r.get("tflops", ""),
                       r.get("max_diff", ""), r.get("error", "")] for r in rows]))
         for label, kernels in breakdown.items():

@@ -1,8 +1,8 @@
 // The attention work items of one batched step, as hstu_replay/server/paged_attention.py's
 // WorkPlan.plan lays them out: one row (user, first row, rows, position of the first row,
 // position step, first key, key end) per block of BLOCK_M query rows, history blocks of every
-// user first, then candidate blocks; keys split into chunks when the blocks alone would give
-// too few programs; longest first. `capacity` is the most items a plan of the same blocks can
+// user first, then candidate blocks; when the blocks alone would give too few programs, blocks
+// of CHUNK_BLOCK_M rows with their keys split into chunks; longest first. `capacity` is the most items a plan of the same blocks can
 // have whatever its users' lengths (WorkPlan.capacity): what a CUDA graph's items are padded to.
 #pragma once
 
@@ -16,6 +16,7 @@
 namespace hstu {
 
 constexpr int64_t kBlockM = 128;       // query rows per work item (the kernel's BLOCK_M)
+constexpr int64_t kChunkBlockM = 64;   // query rows per work item of a split plan (CHUNK_BLOCK_M)
 constexpr int64_t kBlockN = 64;        // keys per step of the kernel's loop (BLOCK_N)
 constexpr int64_t kMinPrograms = 264;  // split keys below this many programs (MIN_PROGRAMS, measured there)
 constexpr int64_t kItemFields = 7;
@@ -28,23 +29,24 @@ struct WorkPlan {
   int64_t capacity;
 };
 
-inline WorkPlan plan_work(const std::vector<int64_t>& past, const std::vector<int64_t>& n_hist,
-                          const std::vector<int64_t>& n_cand, int64_t heads) {
+// One item per block of `block_m` query rows: every user's history blocks, then its candidate blocks.
+inline std::vector<WorkItem> plan_blocks(const std::vector<int64_t>& past, const std::vector<int64_t>& n_hist,
+                                         const std::vector<int64_t>& n_cand, int64_t block_m) {
   const size_t users = past.size();
   std::vector<WorkItem> items;
   int64_t row = 0;
   for (size_t u = 0; u < users; ++u) {  // history blocks
     const int64_t kv_len = past[u] + n_hist[u];
-    for (int64_t first = 0; first < n_hist[u]; first += kBlockM) {
-      const int64_t rows = std::min(kBlockM, n_hist[u] - first);
+    for (int64_t first = 0; first < n_hist[u]; first += block_m) {
+      const int64_t rows = std::min(block_m, n_hist[u] - first);
       items.push_back({int64_t(u), row + first, rows, past[u] + first, 1, 0, kv_len});
     }
     row += n_hist[u];
   }
   for (size_t u = 0; u < users; ++u) {  // candidate blocks
     const int64_t kv_len = past[u] + n_hist[u];
-    for (int64_t first = 0; first < n_cand[u]; first += kBlockM) {
-      const int64_t rows = std::min(kBlockM, n_cand[u] - first);
+    for (int64_t first = 0; first < n_cand[u]; first += block_m) {
+      const int64_t rows = std::min(block_m, n_cand[u] - first);
       items.push_back({int64_t(u), row + first, rows, kv_len - 1, 0, 0, kv_len});
     }
     row += n_cand[u];
@@ -52,8 +54,15 @@ inline WorkPlan plan_work(const std::vector<int64_t>& past, const std::vector<in
   for (auto& item : items) {  // keys a block really visits: up to its last row's position
     item[kKeyEnd] = std::min(item[kKeyEnd], item[kPos0] + item[kStep] * (item[kRows] - 1) + 1);
   }
+  return items;
+}
+
+inline WorkPlan plan_work(const std::vector<int64_t>& past, const std::vector<int64_t>& n_hist,
+                          const std::vector<int64_t>& n_cand, int64_t heads) {
+  std::vector<WorkItem> items = plan_blocks(past, n_hist, n_cand, kBlockM);
   const int64_t programs = int64_t(items.size()) * heads;
   const bool split = programs > 0 && programs < kMinPrograms;
+  if (split) items = plan_blocks(past, n_hist, n_cand, kChunkBlockM);
   const int64_t capacity = int64_t(items.size()) + (split ? kMinPrograms / heads : 0);
   if (split) {
     int64_t total_keys = 0;

@@ -87,7 +87,7 @@ def hstu_paged_attention(Q, K_NEW, V_NEW, K, V, OUT, ACC, ITEMS, PAGE_TABLE,
                          stride_qt, stride_qh, stride_nt, stride_nh, stride_kt, stride_kh, stride_ot, stride_oh,
                          stride_at, stride_ah, stride_page_table, scale, new_row0,
                          PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr, FAST_SILU: tl.constexpr):
+                         HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr, RUNS: tl.constexpr, FAST_SILU: tl.constexpr):
     item = ITEMS + tl.program_id(0) * 7
     head = tl.program_id(1)
     user = tl.load(item)
@@ -97,6 +97,11 @@ def hstu_paged_attention(Q, K_NEW, V_NEW, K, V, OUT, ACC, ITEMS, PAGE_TABLE,
     step = tl.load(item + 4)
     key0 = tl.load(item + 5)
     key_end = tl.load(item + 6)
+    chunk = is_chunk(rows, pos0, step, key0, key_end)
+    if RUNS != 0:  # one of a split plan's two launches (paged_attention's RUNS): the other's items do nothing
+        mine = chunk == (RUNS == 2)
+        rows = tl.where(mine, rows, 0)
+        key_end = tl.where(mine, key_end, key0)
     m = tl.arange(0, BLOCK_M)
     d = tl.arange(0, HEAD_DIM)
     n = tl.arange(0, BLOCK_N)
@@ -114,7 +119,7 @@ def hstu_paged_attention(Q, K_NEW, V_NEW, K, V, OUT, ACC, ITEMS, PAGE_TABLE,
     q = tl.load(OUT + out_rows, mask=row_ok[:, None], other=0.0)
     query_pos = pos0 + step * m
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    if (step == 0) & (key0 == 0):  # candidates see themselves (added once: by their first key chunk)
+    if (step == 0) & (key0 == 0) & (rows > 0):  # candidates see themselves (added once: by their first key chunk)
         # K_NEW/V_NEW hold the new keys of Q's rows from new_row0 on (the candidates' at least)
         own = (row0 - new_row0 + m).to(tl.int64)[:, None] * stride_nt + head * stride_nh + d[None, :]
         k_own = activated(tl.load(K_NEW + own, mask=row_ok[:, None], other=0.0)).to(tl.float32)
@@ -146,7 +151,7 @@ def hstu_paged_attention(Q, K_NEW, V_NEW, K, V, OUT, ACC, ITEMS, PAGE_TABLE,
     acc = acc * scale
     # SPLIT: items may share rows. The only item of its rows writes them to OUT; a chunk of a split
     # adds its part into ACC (zeroed before by split_rows_zero, written out by split_rows_finish).
-    if SPLIT and is_chunk(rows, pos0, step, key0, key_end):
+    if SPLIT and chunk:
         acc_at, ok = _rows(ACC, row0, rows, stride_at, stride_ah, BLOCK_M, HEAD_DIM)
         tl.atomic_add(acc_at, acc, mask=ok)
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -16,7 +17,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hstu_replay.server.paged_attention import BLOCK_M, WorkPlan, paged_attention, reference_attention
+from hstu_replay.server.paged_attention import (BLOCK_M, LAUNCH, MIN_PROGRAMS, WorkPlan, paged_attention,
+                                                reference_attention)
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADS, DIM = 2, 32
@@ -139,18 +141,25 @@ def expected_coverage(past, n_hist, n_cand) -> tuple[list[np.ndarray], np.ndarra
 @settings(max_examples=60, deadline=None)
 @given(users=st.lists(st.tuples(st.integers(0, 700), st.integers(0, 300), st.integers(0, 40)), min_size=1,
                       max_size=5),
-       block_m=st.sampled_from([1, 3, 16, 128]), min_programs=st.sampled_from([0, 1, 8, 512, 100_000]))
-def test_the_plan_covers_every_row_once_per_key(users, block_m, min_programs):
+       block_m=st.sampled_from([1, 3, 16, 128]), chunk_block_m=st.sampled_from([1, 2, 64]),
+       min_programs=st.sampled_from([0, 1, 8, 512, 100_000]))
+def test_the_plan_covers_every_row_once_per_key(users, block_m, chunk_block_m, min_programs):
     past, n_hist, n_cand = (np.array(a, dtype=np.int64) for a in zip(*users))
-    plan = WorkPlan.plan(past, n_hist, n_cand, HEADS, block_m=block_m, min_programs=min_programs)
+    plan = WorkPlan.plan(past, n_hist, n_cand, HEADS, block_m=block_m, min_programs=min_programs,
+                         chunk_block_m=chunk_block_m)
     assert plan.items.dtype == np.int32 and plan.items.shape[1] == 7 and plan.items.flags.c_contiguous
-    assert np.all(plan.items[:, 2] <= block_m)
-    n_blocks = int(np.sum(-(-n_hist // block_m)) + np.sum(-(-n_cand // block_m)))
-    assert plan.split == (0 < n_blocks * HEADS < min_programs)
+
+    def blocks(rows: int) -> int:
+        return int(np.sum(-(-n_hist // rows)) + np.sum(-(-n_cand // rows)))
+
+    assert plan.split == (0 < blocks(block_m) * HEADS < min_programs)
+    # a split plan is cut to the chunks' tiles: every item fits the launch that runs it
+    assert np.all(plan.items[:, 2] <= (chunk_block_m if plan.split else block_m))
     if not plan.split:  # one item per block, each row written once
-        assert len(plan.items) == n_blocks and np.all(plan.items[:, 5] == 0)
+        assert len(plan.items) == blocks(block_m) and np.all(plan.items[:, 5] == 0)
     # the capacity, by hand: the blocks, plus at most min_programs / heads chunks when split
-    assert len(plan.items) <= plan.capacity == n_blocks + (min_programs // HEADS if plan.split else 0)
+    want_capacity = blocks(chunk_block_m) + min_programs // HEADS if plan.split else blocks(block_m)
+    assert len(plan.items) <= plan.capacity == want_capacity
     got, got_own = coverage(plan, past, n_hist, n_cand)
     want, want_own = expected_coverage(past, n_hist, n_cand)
     for g, w in zip(got, want):
@@ -176,6 +185,16 @@ def test_a_few_candidate_blocks_facing_many_keys_are_split():
     assert plan.split and len(plan.items) > 2
     assert np.all(plan.items[:, 5] % 64 == 0)  # chunks start on the kernel's key blocks
     assert not WorkPlan.plan(np.array([3000]), np.array([0]), np.array([10]), HEADS, min_programs=1).split
+
+
+def test_the_cpp_backends_plan_is_cut_to_the_kernels_tiles():
+    # cpp/backend/work_plan.h plans the C++ backend's steps for the package's kernel, compiled with LAUNCH:
+    # an item of more rows than its launch's tile would lose the rest (only a GPU run would show it)
+    header = (ROOT / "cpp" / "backend" / "work_plan.h").read_text()
+    constants = {name: int(value) for name, value in re.findall(r"constexpr int64_t (k\w+) = (\d+);", header)}
+    assert {k: constants[k] for k in ("kBlockM", "kChunkBlockM", "kBlockN", "kMinPrograms")} == {
+        "kBlockM": LAUNCH.block_m, "kChunkBlockM": LAUNCH.chunk_block_m, "kBlockN": LAUNCH.block_n,
+        "kMinPrograms": MIN_PROGRAMS}
 
 
 # ---------------------------------------------------------------------------------- the plain twin
