@@ -39,7 +39,8 @@ PAGE_TOKENS = 32
 BATCH = 8
 # each the same tiles for whole items and chunks (LAUNCH: the chunks of a split on tiles of their own)
 GRID = [LAUNCH] + [KernelLaunch.uniform(m, n, w, s) for m, n, w, s in [
-    (128, 64, 4, 3), (128, 128, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3), (128, 128, 4, 2),
+    (128, 64, 4, 3), (128, 128, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3),
+    (128, 128, 4, 2),
     # smaller key blocks, for the fully cached shape (call 21's best there: 128 x 32, 0.117 ms against 0.150)
     (128, 32, 4, 2), (128, 32, 8, 3), (64, 32, 4, 3),
     # 8 warps on the default tiles: no spills in the key loop where 4 warps spill (ptxas for sm_90a)

@@ -2,8 +2,9 @@
 // WorkPlan.plan lays them out: one row (user, first row, rows, position of the first row,
 // position step, first key, key end) per block of BLOCK_M query rows, history blocks of every
 // user first, then candidate blocks; when the blocks alone would give too few programs, blocks
-// of CHUNK_BLOCK_M rows with their keys split into chunks; longest first. `capacity` is the most items a plan of the same blocks can
-// have whatever its users' lengths (WorkPlan.capacity): what a CUDA graph's items are padded to.
+// of CHUNK_BLOCK_M rows with their keys split into chunks; longest first. `capacity` is the most
+// items a plan of the same blocks can have whatever its users' lengths (WorkPlan.capacity): what a
+// CUDA graph's items are padded to.
 #pragma once
 
 #include <algorithm>

@@ -98,7 +98,9 @@ def hstu_paged_attention(Q, K_NEW, V_NEW, K, V, OUT, ACC, ITEMS, PAGE_TABLE,
     key0 = tl.load(item + 5)
     key_end = tl.load(item + 6)
     chunk = is_chunk(rows, pos0, step, key0, key_end)
-    if RUNS != 0:  # one of a split plan's two launches (paged_attention's RUNS): the other's items do nothing
+    # RUNS: paged_attention's ALL_ITEMS (0), or one of a split plan's two launches, WHOLE_ITEMS (1) or
+    # CHUNKS (2), each on its own tiles: an item of the other launch does nothing here (no rows, no keys)
+    if RUNS != 0:
         mine = chunk == (RUNS == 2)
         rows = tl.where(mine, rows, 0)
         key_end = tl.where(mine, key_end, key0)
@@ -108,7 +110,7 @@ def hstu_paged_attention(Q, K_NEW, V_NEW, K, V, OUT, ACC, ITEMS, PAGE_TABLE,
     row_ok = m < rows
     # SiLU(q) goes through this program's rows of OUT and is loaded back: a loaded operand of the loop's
     # products stays in shared memory, one computed in registers is held there through the whole loop
-    # (on the H200 that made every launch of 128 rows and 4 warps 30-60% slower, calls 22 and 24). The
+    # (on the H200 that made a launch of 128 rows and 4 warps 25-60% slower, call 24). The
     # rows are this program's until it writes its result there (chunks of a split write the same values
     # and leave OUT to split_rows_finish).
     out_rows = (row0 + m).to(tl.int64)[:, None] * stride_ot + head * stride_oh + d[None, :]

@@ -155,7 +155,8 @@ class KernelLaunch:
     chunk_stages: int = 3
 
     @classmethod
-    def uniform(cls, block_m: int, block_n: int, num_warps: int, num_stages: int, silu: int = SILU_TANH) -> KernelLaunch:
+    def uniform(cls, block_m: int, block_n: int, num_warps: int, num_stages: int,
+                silu: int = SILU_TANH) -> KernelLaunch:
         """The same tiles and pipeline for whole items and chunks."""
         return cls(block_m, block_n, num_warps, num_stages, silu, block_m, num_warps, num_stages)
 
