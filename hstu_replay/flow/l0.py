@@ -161,6 +161,12 @@ def _check_export_from(options: L0Options) -> None:
     if (meta.config, meta.seed, meta.device) != (options.config, options.seed, options.device):
         raise ConfigError(f"--export-from {options.export_from}: compiled for config {meta.config}, seed {meta.seed}, "
                           f"device {meta.device}; the flow asks for {options.config}, {options.seed}, {options.device}")
+    from hstu_replay.server.model import weights_digest
+    from hstu_replay.server.model_config import get_config
+
+    if meta.weights != weights_digest(get_config(options.config), options.seed):
+        raise ConfigError(f"--export-from {options.export_from}: compiled from other weights than this version of the "
+                          f"model draws for seed {options.seed} (an older hstu-replay); export it again")
 
 
 def prepare_out(out: Path) -> Layout:

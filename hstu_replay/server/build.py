@@ -24,19 +24,20 @@ from hstu_replay.server.model_config import ModelConfig, get_config
 from hstu_replay.server.engine import PackagedRanker, RankingEngine
 from hstu_replay.server.host_tier import HostTierOptions, KVLayout
 from hstu_replay.server.kvcache import KVCache
-from hstu_replay.server.model import build_model, torch_dtype
+from hstu_replay.server.model import build_model, torch_dtype, weights_digest
 from hstu_replay.server.repository import RepositoryLayout, TargetMeta, read_meta, write_configs, write_meta
 from hstu_replay.server.serve import Engines
 
 
 def export_repository(root: str | Path, config_name: str, seed: int, device: str, force: bool = False) -> TargetMeta:
-    """Compile both packages unless the repository already holds them for this config and seed."""
+    """Compile both packages unless the repository already holds them for this config, seed and weights."""
     layout = RepositoryLayout(Path(root))
+    config = get_config(config_name)
+    weights = weights_digest(config, seed)
     if not force and layout.is_complete():
         meta = read_meta(layout)
-        if (meta.config, meta.seed, meta.device) == (config_name, seed, device):
+        if (meta.config, meta.seed, meta.device, meta.weights) == (config_name, seed, device, weights):
             return meta
-    config = get_config(config_name)
     print(f"hstu-replay: compiling the {config_name} model with AOTInductor into {root} "
           f"(one time; about a minute on a CPU)...", file=sys.stderr, flush=True)
     started = time.perf_counter()
@@ -44,7 +45,7 @@ def export_repository(root: str | Path, config_name: str, seed: int, device: str
     export_package(model, config, layout.package(KVCACHE))
     export_nocache_package(model, config, layout.package(NOCACHE))
     write_configs(layout)
-    meta = TargetMeta(config_name, seed, device, round(time.perf_counter() - started, 1), torch.__version__)
+    meta = TargetMeta(config_name, seed, device, round(time.perf_counter() - started, 1), torch.__version__, weights)
     write_meta(layout, meta)
     print(f"hstu-replay: compiled in {meta.compile_seconds} s", file=sys.stderr, flush=True)
     return meta
@@ -83,9 +84,10 @@ def _batched_engines(repository: str | Path, config: ModelConfig, seed: int, cac
 
 
 def batched_step_path(repository: str | Path, config: ModelConfig, seed: int, page_tokens: int, device: str) -> Path:
-    """Where `batched-aoti` keeps its package: one per config, type, device, page size, seed and torch."""
+    """Where `batched-aoti` keeps its package: one per config, type, device, page size, weights and torch."""
     return RepositoryLayout(Path(repository)).batched_step(
-        f"{config.name}-{config.dtype}-{device}-page{page_tokens}-seed{seed}-torch{torch.__version__}")
+        f"{config.name}-{config.dtype}-{device}-page{page_tokens}-seed{seed}-w{weights_digest(config, seed)}"
+        f"-torch{torch.__version__}")
 
 
 def _compile_batched_step(repository: str | Path, config: ModelConfig, seed: int, page_tokens: int,

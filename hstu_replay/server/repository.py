@@ -16,7 +16,7 @@ from hstu_replay.errors import InputError
 from hstu_replay.interface import KVCACHE, NOCACHE, ModelInterface
 
 PACKAGE_NAME = "model.pt2"
-META_NAME = "hstu_target.json"  # our own record: config name, seed, compile time
+META_NAME = "hstu_target.json"  # our own record: config name, seed, weights, compile time
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class TargetMeta:
     device: str
     compile_seconds: float
     torch_version: str
+    weights: str = ""  # `model.weights_digest` of what was compiled (none in a record older than it)
 
 
 def config_pbtxt(interface: ModelInterface, kind: str = "KIND_GPU") -> str:

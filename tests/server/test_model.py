@@ -3,8 +3,10 @@ import pytest
 import torch
 
 from hstu_replay.errors import ConfigError
-from hstu_replay.server.model_config import CONFIGS, ModelConfig, get_config
-from hstu_replay.server.model import EagerCompute, JaggedRanker, build_model
+from hstu_replay.server.model_config import CONFIGS, DTYPES, ModelConfig, get_config
+from hstu_replay.server import model as model_module
+from hstu_replay.server.model import EagerCompute, JaggedRanker, build_model, weights_digest
+from hstu_replay.verify import DEFAULT_TOLERANCE
 
 SMALL = get_config("small")
 
@@ -91,6 +93,35 @@ def test_bfloat16_model_runs():
     logits, k, _ = compute(hist, cands, empty(config, torch.bfloat16), empty(config, torch.bfloat16))
     assert logits.dtype == torch.float32 and k.dtype == torch.bfloat16
     assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("name, items", [("small", 120), ("kuairand-1k", 300)])
+def test_a_cache_of_another_history_fails_nvidias_check_where_bf16_rounding_passes_it(name, items):
+    """What makes answers from a wrong cache visible: for the same candidates, a history of the same
+    length that is another user's, or whose first half (what a cache would hold) is, moves the logits
+    beyond NVIDIA's tolerance; the same model in bf16 stays far inside it."""
+    config = get_config(name)
+    exact, rounded = (EagerCompute(build_model(get_config(name, dtype), seed=0)) for dtype in DTYPES)
+    for seed in range(3):
+        mine, cands = tokens(seed, items, 16)
+        other = tokens(100 + seed, items, 16)[0]
+        other[:6] = mine[:6]  # the same user and context
+        stale = torch.cat([other[:len(mine) // 2], mine[len(mine) // 2:]])
+
+        def answer(compute, hist, dtype=torch.float32):
+            return compute(hist, cands, empty(config, dtype), empty(config, dtype))[0]
+
+        right = answer(exact, mine)
+        assert (answer(exact, other) - right).abs().max() > 2 * DEFAULT_TOLERANCE
+        assert (answer(exact, stale) - right).abs().max() > DEFAULT_TOLERANCE
+        assert (answer(rounded, mine, torch.bfloat16) - right).abs().max() < DEFAULT_TOLERANCE / 4
+
+
+def test_the_weights_digest_is_the_seeds_draw(monkeypatch):
+    digest = weights_digest(SMALL, 0)
+    assert digest == weights_digest(get_config("small", "bfloat16"), 0) != weights_digest(SMALL, 1)
+    monkeypatch.setattr(model_module, "OUT_GAIN", model_module.OUT_GAIN / 2)  # another version of the model
+    assert weights_digest(SMALL, 0) != digest
 
 
 def test_jagged_ranker_matches_per_user_compute(model, compute):

@@ -13,6 +13,7 @@ import tritonclient.http as httpclient
 
 from hstu_replay.interface import INTERFACES, KVCACHE, NOCACHE
 from hstu_replay.request import UserRequest, build_request
+from hstu_replay.verify import compare
 from tests.conftest import BIN, ROOT, assert_nothing_left, start_server, stop_server
 from tests.exposition import exposed
 
@@ -76,6 +77,20 @@ def test_cold_and_warm_answers_are_the_same(client):
     np.testing.assert_allclose(full_logits, cold_logits, atol=1e-4, rtol=0)
     (nocache_logits,) = infer(client, NOCACHE.model_name, [u], outputs=("OUTPUT__0",))
     np.testing.assert_allclose(nocache_logits, cold_logits, atol=1e-4, rtol=0)
+
+
+def test_answers_from_the_cache_of_another_history_fail_the_check(client):
+    """A cache key that now names another history of the same length: the server answers from the
+    keys and values it holds (it trusts the key, as NVIDIA's does), and the check against the cold
+    answer fails; the history the cache was made from passes it."""
+    cached, other = user(51, 120, key=935_001), user(52, 120, key=935_001)
+    assert infer(client, KVCACHE.model_name, [cached])[1].tolist() == [0]
+    for request, ok in ((other, False), (cached, True)):
+        served, hits = infer(client, KVCACHE.model_name, [request])
+        assert hits.tolist() == [6 + 2 * 120]
+        (cold,) = infer(client, NOCACHE.model_name, [request], outputs=("OUTPUT__0",))
+        verdict = compare(served, cold, np.array([len(request.candidates)]))
+        assert verdict.ok == ok, verdict
 
 
 @pytest.mark.parametrize("users, message", [
