@@ -6,9 +6,9 @@ For each config, history length (items) and pair of gains on the query/key and o
 (`server.model.QK_GAIN`, `OUT_GAIN`; 1,1 is PyTorch's default initialisation), over `--pairs` pairs of
 random histories of the same user and context, the max |logit difference| for the same 16 candidates
 when the history is replaced by another one of the same length, when only its first half is (what a
-stale cache would hold), when 32 tokens in its middle are; the smallest over the pairs, the cases a
-check must catch. Beside them the largest difference of the same model in bf16 from float32 (what
-the check must let pass), and NVIDIA's tolerance.
+stale cache would hold), when its items come in another order, when 32 tokens in its middle are; the
+smallest over the pairs, the cases a check must catch. Beside them the largest difference of the same
+model in bf16 from float32 (what the check must let pass), and NVIDIA's tolerance.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _built(name: str, dtype: str, qk_gain: float, out_gain: float) -> EagerCompu
 def _moved(name: str, items: int, pairs: int, gains: tuple[float, float]) -> list:
     config = get_config(name)
     exact, rounded = (_built(name, dtype, *gains) for dtype in DTYPES)
-    moved = {"another": [], "stale half": [], "32 tokens": [], "bf16": []}
+    moved = {"another": [], "stale half": [], "shuffled": [], "32 tokens": [], "bf16": []}
     for seed in range(pairs):
         gen = torch.Generator().manual_seed(seed)
         mine, other = (torch.randint(0, 1 << 40, (6 + 2 * items,), generator=gen) for _ in range(2))
@@ -48,18 +48,21 @@ def _moved(name: str, items: int, pairs: int, gains: tuple[float, float]) -> lis
         middle = len(mine) // 2
         patched = mine.clone()
         patched[middle:middle + 32] = other[middle:middle + 32]
+        shuffled = torch.cat([mine[:6], mine[6:].view(items, 2)[torch.randperm(items, generator=gen)].flatten()])
 
         def answer(compute: EagerCompute, hist: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
             empty = torch.zeros(config.num_layers, 0, config.num_heads, config.head_dim, dtype=dtype)
             return compute(hist, cands, empty, empty)[0]
 
         right = answer(exact, mine)
-        cases = {"another": answer(exact, other), "stale half": answer(exact, torch.cat([other[:middle], mine[middle:]])),
-                 "32 tokens": answer(exact, patched), "bf16": answer(rounded, mine, torch.bfloat16)}
+        cases = {"another": answer(exact, other),
+                 "stale half": answer(exact, torch.cat([other[:middle], mine[middle:]])),
+                 "shuffled": answer(exact, shuffled), "32 tokens": answer(exact, patched),
+                 "bf16": answer(rounded, mine, torch.bfloat16)}
         for case, logits in cases.items():
             moved[case].append(float((logits - right).abs().max()))
     return [name, items, f"{gains[0]:g}, {gains[1]:g}", min(moved["another"]), min(moved["stale half"]),
-            min(moved["32 tokens"]), max(moved["bf16"]), f"{DEFAULT_TOLERANCE:g}"]
+            min(moved["shuffled"]), min(moved["32 tokens"]), max(moved["bf16"]), f"{DEFAULT_TOLERANCE:g}"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,8 +83,8 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(_moved(name, items, args.pairs, (qk, out)))
                 print(rows[-1], flush=True)
     print(this_command())
-    print(table(["config", "items", "gains (qk, out)", "another history", "stale first half", "32 tokens",
-                 "bf16 rounding", "tolerance"], rows))
+    print(table(["config", "items", "gains (qk, out)", "another history", "stale first half", "shuffled",
+                 "32 tokens", "bf16 rounding", "tolerance"], rows))
 
 
 if __name__ == "__main__":
