@@ -166,7 +166,7 @@ def _check_export_from(options: L0Options) -> None:
 
     if meta.weights != weights_digest(get_config(options.config), options.seed):
         raise ConfigError(f"--export-from {options.export_from}: compiled from other weights than this version of the "
-                          f"model draws for seed {options.seed} (an older hstu-replay); export it again")
+                          f"model draws for seed {options.seed} (another version of hstu-replay); export it again")
 
 
 def prepare_out(out: Path) -> Layout:

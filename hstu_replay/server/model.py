@@ -258,7 +258,7 @@ def build_model(config: ModelConfig, seed: int = 0, state_dict: Mapping[str, Ten
 
 def weights_digest(config: ModelConfig, seed: int) -> str:
     """What `build_model(config, seed)` draws, as a short digest (in float32, whatever the config's type):
-    a package compiled from other weights, by an older version of the model, is not this one."""
+    a package compiled from other weights, by another version of the model, is not this one."""
     digest = hashlib.sha256()
     for name, weights in build_model(replace(config, dtype="float32"), seed).state_dict().items():
         digest.update(name.encode())

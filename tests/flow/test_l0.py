@@ -264,7 +264,7 @@ def test_a_repository_compiled_from_other_weights_is_refused_before_anything(tmp
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr.splitlines() == [
         f"hstu-replay: error: --export-from {repository}: compiled from other weights than this version of the model "
-        "draws for seed 0 (an older hstu-replay); export it again"]
+        "draws for seed 0 (another version of hstu-replay); export it again"]
     assert not out.exists()
 
 
