@@ -29,10 +29,8 @@ CANDIDATES = 16
 def _built(name: str, dtype: str, qk_gain: float, out_gain: float) -> EagerCompute:
     """The seed-0 model with its gains replaced by these (the weights rescaled, then cast)."""
     model = build_model(get_config(name), seed=0)
-    with torch.no_grad():
-        for layer in model.layers:
-            layer.uvqk.weight[2 * layer.attn_dim:] *= qk_gain / reference.QK_GAIN
-            layer.out.weight *= out_gain / reference.OUT_GAIN
+    for layer in model.layers:
+        layer.scale(qk_gain / reference.QK_GAIN, out_gain / reference.OUT_GAIN)
     return EagerCompute(model.to(getattr(torch, dtype)))
 
 
@@ -73,7 +71,6 @@ def main(argv: list[str] | None = None) -> None:
                         help="QK,OUT pairs of gains to compare")
     parser.add_argument("--pairs", type=int, default=3, help="pairs of histories per row")
     args = parser.parse_args(argv)
-    torch.manual_seed(0)
     rows = []
     for spec in args.configs:
         name, lengths = spec.split(":")

@@ -13,6 +13,7 @@ masked. Padded rows never reach a real token, so results are exact whatever the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping
 from dataclasses import replace
@@ -79,9 +80,13 @@ class HSTULayer(nn.Module):
         self.uvqk = nn.Linear(config.hidden_dim, 4 * config.attn_dim)
         self.norm_attn = nn.LayerNorm(config.attn_dim)
         self.out = nn.Linear(config.attn_dim, config.hidden_dim)
-        with torch.no_grad():
-            self.uvqk.weight[2 * self.attn_dim:] *= QK_GAIN  # the rows of q and k (split as u, v, q, k)
-            self.out.weight *= OUT_GAIN
+        self.scale(QK_GAIN, OUT_GAIN)
+
+    @torch.no_grad()
+    def scale(self, qk_gain: float, out_gain: float) -> None:
+        """Multiply the query and key projections' weights by `qk_gain`, the output projection's by `out_gain`."""
+        self.uvqk.weight[2 * self.attn_dim:] *= qk_gain  # the rows of q and k (split as u, v, q, k)
+        self.out.weight *= out_gain
 
     def forward(self, x: Tensor, past_k: Tensor, past_v: Tensor, blocked: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x [B, N, hidden], past_k/v [B, P, H, D], blocked [B, N, P+N] -> (x', k [B, N, H, D], v)."""
@@ -256,6 +261,7 @@ def build_model(config: ModelConfig, seed: int = 0, state_dict: Mapping[str, Ten
     return model.to(torch_dtype(config)).eval()
 
 
+@functools.cache  # the same draw in one process: export, serve and their engines ask more than once
 def weights_digest(config: ModelConfig, seed: int) -> str:
     """What `build_model(config, seed)` draws, as a short digest (in float32, whatever the config's type):
     a package compiled from other weights, by another version of the model, is not this one."""
