@@ -158,15 +158,11 @@ def _check_export_from(options: L0Options) -> None:
     if not layout.is_complete():
         raise ConfigError(f"--export-from {options.export_from}: no compiled repository there")
     meta = opened_by_option("--export-from", options.export_from, lambda _: read_meta(layout))
-    if (meta.config, meta.seed, meta.device) != (options.config, options.seed, options.device):
-        raise ConfigError(f"--export-from {options.export_from}: compiled for config {meta.config}, seed {meta.seed}, "
-                          f"device {meta.device}; the flow asks for {options.config}, {options.seed}, {options.device}")
-    from hstu_replay.server.model import weights_digest
-    from hstu_replay.server.model_config import get_config
+    from hstu_replay.server.build import stale_reason
 
-    if meta.weights != weights_digest(get_config(options.config), options.seed):
-        raise ConfigError(f"--export-from {options.export_from}: compiled from other weights than this version of the "
-                          f"model draws for seed {options.seed} (another version of hstu-replay); export it again")
+    reason = stale_reason(meta, options.config, options.seed, options.device)
+    if reason is not None:
+        raise ConfigError(f"--export-from {options.export_from}: {reason}; export it again")
 
 
 def prepare_out(out: Path) -> Layout:

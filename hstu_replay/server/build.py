@@ -33,10 +33,9 @@ def export_repository(root: str | Path, config_name: str, seed: int, device: str
     """Compile both packages unless the repository already holds them for this config, seed and weights."""
     layout = RepositoryLayout(Path(root))
     config = get_config(config_name)
-    weights = weights_digest(config, seed)
     if not force and layout.is_complete():
         meta = read_meta(layout)
-        if (meta.config, meta.seed, meta.device, meta.weights) == (config_name, seed, device, weights):
+        if stale_reason(meta, config_name, seed, device) is None:
             return meta
     print(f"hstu-replay: compiling the {config_name} model with AOTInductor into {root} "
           f"(one time; about a minute on a CPU)...", file=sys.stderr, flush=True)
@@ -45,10 +44,22 @@ def export_repository(root: str | Path, config_name: str, seed: int, device: str
     export_package(model, config, layout.package(KVCACHE))
     export_nocache_package(model, config, layout.package(NOCACHE))
     write_configs(layout)
-    meta = TargetMeta(config_name, seed, device, round(time.perf_counter() - started, 1), torch.__version__, weights)
+    meta = TargetMeta(config_name, seed, device, round(time.perf_counter() - started, 1), torch.__version__,
+                      weights_digest(config, seed))
     write_meta(layout, meta)
     print(f"hstu-replay: compiled in {meta.compile_seconds} s", file=sys.stderr, flush=True)
     return meta
+
+
+def stale_reason(meta: TargetMeta, config_name: str, seed: int, device: str) -> str | None:
+    """Why a compiled repository's record does not serve this config, seed and device as they are (None: it does)."""
+    if (meta.config, meta.seed, meta.device) != (config_name, seed, device):
+        return (f"compiled for config {meta.config}, seed {meta.seed}, device {meta.device}; "
+                f"asked for {config_name}, {seed}, {device}")
+    if meta.weights != weights_digest(get_config(config_name), seed):
+        return (f"compiled from other weights than this version of the model draws for seed {seed} "
+                f"(another version of hstu-replay)")
+    return None
 
 
 def load_engines(root: str | Path, cache_budget_tokens: int | None, page_tokens: int, device: str,

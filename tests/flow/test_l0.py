@@ -249,22 +249,26 @@ def test_bad_input_is_one_line_and_exit_2_before_anything(tmp_path, args, messag
     assert not out.exists()
 
 
-def test_a_repository_compiled_from_other_weights_is_refused_before_anything(tmp_path, compiled_repository):
-    """A repository exported by a version of the model that drew other weights for the same seed (its
-    record names other weights, or none) would answer unlike the engines built from the seed."""
+@pytest.mark.parametrize("change, args, reason", [
+    ({"weights": "0123456789abcdef"}, [], "compiled from other weights than this version of the model draws for "
+                                          "seed 0 (another version of hstu-replay)"),
+    ({}, ["--seed", "3"], "compiled for config small, seed 0, device cpu; asked for small, 3, cpu"),
+], ids=["other weights", "another seed"])
+def test_a_repository_that_does_not_serve_the_flow_is_refused_before_anything(
+        tmp_path, compiled_repository, change, args, reason):
+    """A repository exported by a version of the model that drew other weights for the same seed, or for
+    another seed, would answer unlike the engines the flow's reference is computed with."""
     import json
     import shutil
 
     repository = tmp_path / "older"
     shutil.copytree(compiled_repository, repository)
     record = repository / "hstu_target.json"
-    record.write_text(json.dumps({**json.loads(record.read_text()), "weights": "0123456789abcdef"}))
+    record.write_text(json.dumps({**json.loads(record.read_text()), **change}))
     out = tmp_path / "l0"
-    result = _flow("--out", str(out), "--export-from", str(repository), "--device", "cpu", timeout=120)
+    result = _flow("--out", str(out), "--export-from", str(repository), "--device", "cpu", *args, timeout=120)
     assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr.splitlines() == [
-        f"hstu-replay: error: --export-from {repository}: compiled from other weights than this version of the model "
-        "draws for seed 0 (another version of hstu-replay); export it again"]
+    assert result.stderr.splitlines() == [f"hstu-replay: error: --export-from {repository}: {reason}; export it again"]
     assert not out.exists()
 
 
