@@ -9,9 +9,7 @@ from hstu_replay.server import build
 from hstu_replay.server.model_config import get_config
 from hstu_replay.server.repository import RepositoryLayout, TargetMeta, read_meta
 
-pytestmark = pytest.mark.integration  # a copy of the session's compiled repository
-
-
+@pytest.mark.integration  # a copy of the session's compiled repository
 @pytest.mark.parametrize("weights, compiles", [(None, False), ("0123456789abcdef", True), ("", True)],
                          ids=["these weights", "other weights", "a record without weights"])
 def test_a_repository_is_compiled_again_only_when_its_weights_are_not_the_seeds(
