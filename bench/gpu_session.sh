@@ -15,7 +15,9 @@
 #   protocol-baot the same on the batched step compiled there by AOTInductor (ENGINE=batched-aoti), 3 layers
 #   cpp-build     build our C++ Triton backend (cpp/backend) against the machine's torch
 #   protocol-cpp  NVIDIA's protocol against that backend serving the batched step (CPP_CONFIGS, default 3 and 8
-#                 layers; CLIENT_PROTOCOLS as bench/gpu_protocol.sh takes them)
+#                 layers; CLIENT_PROTOCOLS as bench/gpu_protocol.sh takes them; CPP_SERVE_ARGS: more `serve`
+#                 options, e.g. "--cache-budget-tokens 1200000" on an 80 GB card, where the published budget's
+#                 pool at 8 layers, 50 GiB, cannot grow by copying)
 #   package-source the C++ wrapper AOTInductor wrote for each package protocol-cpp compiled (which kernels run,
 #                 on which buffers), as package-source-<config>.cpp
 #   protocol-cpp-graphs the same with the backend's CUDA graphs on (HSTU_REPLAY_CUDA_GRAPHS=1), on the packages
@@ -70,12 +72,13 @@ step_protocol_baot() {
 }
 step_cpp_build() { $PY -c "from hstu_replay.server.cpp_backend import build_backend; print(build_backend())"; }
 step_protocol_cpp() {
-    ENGINE=batched-aoti CONFIGS=${CPP_CONFIGS:-kuairand-1k kuairand-1k-8l} SERVE_ARGS="--frontend cpp-backend" \
+    ENGINE=batched-aoti CONFIGS=${CPP_CONFIGS:-kuairand-1k kuairand-1k-8l} \
+        SERVE_ARGS="--frontend cpp-backend ${CPP_SERVE_ARGS:-}" \
         bash bench/gpu_protocol.sh "$OUT/protocol-cpp" "${USERS:-128}" "${RUNS:-1}"
 }
 step_protocol_cpp_graphs() {
     HSTU_REPLAY_CUDA_GRAPHS=1 ENGINE=batched-aoti CONFIGS=${CPP_CONFIGS:-kuairand-1k kuairand-1k-8l} \
-        SERVE_ARGS="--frontend cpp-backend" REPOS="$OUT/protocol-cpp" bash bench/gpu_protocol.sh "$OUT/protocol-cpp-graphs" \
+        SERVE_ARGS="--frontend cpp-backend ${CPP_SERVE_ARGS:-}" REPOS="$OUT/protocol-cpp" bash bench/gpu_protocol.sh "$OUT/protocol-cpp-graphs" \
         "${USERS:-128}" "${RUNS:-1}"
 }
 step_package_source() {
