@@ -2,7 +2,8 @@
 // AOTInductor package. Each model's config.pbtxt says its role in `parameters`:
 //   role=cached    hstu_gr_ranking_kvcache: the KV cache kept between requests, with a host tier
 //                  behind it where host_budget_tokens > 0; adds OUTPUT__1 (-1), CACHED_TOKENS and
-//                  HOST_CACHED_TOKENS (the part of them onboarded from the host tier);
+//                  HOST_CACHED_TOKENS (the part of them onboarded from the host tier); the pool's
+//                  whole budget taken at start where reserve_pool is 1;
 //   role=uncached  hstu_gr_ranking / hstu_model: a pool that keeps nothing;
 //   role=control   hstu_kvcache_control: the cached model's counters, after emptying it when CLEAR is 1.
 // Inputs are read in place from Triton's buffers (copied only when they arrive in pieces).
@@ -269,12 +270,14 @@ std::unique_ptr<ModelState> load(TRITONBACKEND_Model* model) {
                                 params.integer("max_candidates")},
                                dtype_named(params.text("dtype"))};
   const int64_t budget = cached ? params.integer("cache_budget_tokens") : 0;
+  const bool reserve_pool = cached && params.integer("reserve_pool") != 0;
   const hstu::HostTierShape host =
       cached ? hstu::HostTierShape{params.integer("host_budget_tokens"), hstu::offload_mode_named(params.text("offload_mode")),
                                    params.integer("offload_chunk_tokens")}
              : hstu::HostTierShape{0, hstu::OffloadMode::kNative, 1};
   state->engine =
-      std::make_shared<hstu::Engine>(package, shape, budget, params.integer("page_tokens"), host, state->name);
+      std::make_shared<hstu::Engine>(package, shape, budget, params.integer("page_tokens"), reserve_pool, host,
+                                     state->name);
   if (cached) {
     std::lock_guard<std::mutex> hold(registry_lock);
     cached_engines[state->name] = state->engine;

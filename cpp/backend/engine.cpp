@@ -28,7 +28,7 @@ at::Tensor host_buffer(int64_t length, const at::Device& device) {
 }  // namespace
 
 Engine::Engine(const std::string& package, const ModelShape& shape, int64_t budget_tokens, int64_t page_tokens,
-               const HostTierShape& host, const std::string& label)
+               bool reserve_pool, const HostTierShape& host, const std::string& label)
     : clock(label),
       shape_(shape),
       // single-threaded: calls are serialised by lock_, and the runner then records no CUDA event
@@ -38,7 +38,7 @@ Engine::Engine(const std::string& package, const ModelShape& shape, int64_t budg
   const int64_t table_pages = pages_of(kContextTokens + 2 * shape.limits.max_history, page_tokens);
   pool_ = std::make_unique<PagedPool>(
       PoolShape{shape.layers, shape.heads, shape.head_dim, page_tokens, budget_tokens,
-                shape.limits.max_batch * table_pages},
+                shape.limits.max_batch * table_pages, reserve_pool},
       host, shape.dtype, device_);
   if (graphs_enabled(device_)) {
     graphs_ = std::make_unique<StepGraphs>(*loader_, device_, shape.limits.max_batch, table_pages);

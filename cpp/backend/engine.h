@@ -36,9 +36,10 @@ class StepGraphs;
 
 class Engine {
  public:
-  // `label`: the model's name, in its phase lines; `host.budget_tokens` 0: no host tier.
+  // `label`: the model's name, in its phase lines; `host.budget_tokens` 0: no host tier;
+  // `reserve_pool`: the KV pool's whole budget taken at start.
   Engine(const std::string& package, const ModelShape& shape, int64_t budget_tokens, int64_t page_tokens,
-         const HostTierShape& host, const std::string& label);
+         bool reserve_pool, const HostTierShape& host, const std::string& label);
   ~Engine();
 
   Answer infer(const std::vector<UserView>& users);

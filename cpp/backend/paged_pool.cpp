@@ -38,7 +38,7 @@ PagedPool::PagedPool(const PoolShape& shape, const HostTierShape& host, at::Scal
                      ") does not fit in this machine's memory (" + gib(host_memory_bytes()) +
                      "); lower --cache-budget-tokens");
   }
-  grow(std::min(num_pages_, shape.request_pages));
+  grow(shape.reserve ? num_pages_ : std::min(num_pages_, shape.request_pages));
   if (host.budget_tokens != 0) {
     host_ = std::make_unique<HostTier>(host, shape.page_tokens, page_bytes() / shape.page_tokens, device);
   }

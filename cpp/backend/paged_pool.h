@@ -25,6 +25,7 @@ struct PoolShape {
   int64_t layers, heads, head_dim, page_tokens;
   int64_t budget_tokens;
   int64_t request_pages;  // a full request's pages: max batch x pages of the longest history
+  bool reserve;           // all the pool's memory taken at start: it never grows (nor moves)
 };
 
 struct UserPages {

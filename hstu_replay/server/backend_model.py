@@ -35,7 +35,7 @@ def build_engines(settings: BackendSettings, budget: int):
 
     config = get_config(settings.config, settings.dtype)
     return ENGINE_KINDS[settings.engine](settings.repository, config, settings.seed, budget, settings.page_tokens,
-                                         resolve_device(settings.device), settings.host_tier)
+                                         resolve_device(settings.device), settings.host_tier, settings.reserve_pool)
 
 
 class Ranking:

@@ -120,11 +120,12 @@ class BatchedEngine:
 
 def build_batched_engine(model: HSTUModel, budget_tokens: int, page_tokens: int,
                          host: HostTierOptions | None = None,
-                         forward_step: Callable[..., Tensor] | None = None) -> BatchedEngine:
+                         forward_step: Callable[..., Tensor] | None = None, reserve: bool = False) -> BatchedEngine:
     """An engine over `model` (already on its device) with a pool for `budget_tokens` cached tokens
-    and, given `host`, a host tier behind it; `forward_step` as for `BatchedEngine`."""
+    (taken whole at start with `reserve`) and, given `host`, a host tier behind it; `forward_step` as
+    for `BatchedEngine`."""
     weight = model.embed.table.weight
     layout = KVLayout(model.config.num_layers, model.config.num_heads, model.config.head_dim, weight.dtype)
     tier = (host or HostTierOptions()).build(page_tokens, layout, weight.device)
-    cache = PagedKVCache(model.config, budget_tokens, page_tokens, weight.device, weight.dtype, tier)
+    cache = PagedKVCache(model.config, budget_tokens, page_tokens, weight.device, weight.dtype, tier, reserve)
     return BatchedEngine(model, cache, forward_step)

@@ -79,18 +79,21 @@ def load_engines(root: str | Path, cache_budget_tokens: int | None, page_tokens:
 
 
 def _aoti_engines(repository: str | Path, config: ModelConfig, seed: int, cache_budget_tokens: int,
-                  page_tokens: int, device: str, host: HostTierOptions = HostTierOptions()) -> Engines:
+                  page_tokens: int, device: str, host: HostTierOptions = HostTierOptions(),
+                  reserve_pool: bool = False) -> Engines:
+    """Each user's K/V in tensors of its own: no pool (`reserve_pool` is refused by the command)."""
     _prepare_aoti(repository, config, seed, page_tokens, device)
     return load_engines(repository, cache_budget_tokens, page_tokens, device, host)
 
 
 def _batched_engines(repository: str | Path, config: ModelConfig, seed: int, cache_budget_tokens: int,
-                     page_tokens: int, device: str, host: HostTierOptions = HostTierOptions()) -> Engines:
+                     page_tokens: int, device: str, host: HostTierOptions = HostTierOptions(),
+                     reserve_pool: bool = False) -> Engines:
     """One eager model; the no-cache models get a pool that keeps nothing. `repository` is unused."""
     from hstu_replay.server.batched import build_batched_engine
 
     model = build_model(config, seed).to(device)
-    return Engines(cached=build_batched_engine(model, cache_budget_tokens, page_tokens, host),
+    return Engines(cached=build_batched_engine(model, cache_budget_tokens, page_tokens, host, reserve=reserve_pool),
                    uncached=build_batched_engine(model, 0, page_tokens))
 
 
@@ -116,14 +119,15 @@ def _compile_batched_step(repository: str | Path, config: ModelConfig, seed: int
 
 
 def _batched_aoti_engines(repository: str | Path, config: ModelConfig, seed: int, cache_budget_tokens: int,
-                          page_tokens: int, device: str, host: HostTierOptions = HostTierOptions()) -> Engines:
+                          page_tokens: int, device: str, host: HostTierOptions = HostTierOptions(),
+                          reserve_pool: bool = False) -> Engines:
     """`batched` with the package of its forward pass (compiled into `repository` when missing)."""
     from hstu_replay.server.aoti import load_batched_step
     from hstu_replay.server.batched import build_batched_engine
 
     package = load_batched_step(_compile_batched_step(repository, config, seed, page_tokens, device))
     model = build_model(config, seed).to(device)
-    return Engines(cached=build_batched_engine(model, cache_budget_tokens, page_tokens, host, package),
+    return Engines(cached=build_batched_engine(model, cache_budget_tokens, page_tokens, host, package, reserve_pool),
                    uncached=build_batched_engine(model, 0, page_tokens, forward_step=package))
 
 

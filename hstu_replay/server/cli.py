@@ -17,6 +17,8 @@ FRONTENDS = ("pytriton", "python-backend", "cpp-backend")
 #: the engine the C++ backend serves (its package)
 CPP_BACKEND_ENGINE = "batched-aoti"
 DEFAULT_ENGINE = "aoti"
+#: the engines whose KV cache is one pool of pages
+POOLED_ENGINES = ("batched", "batched-aoti")
 
 SERVE_OPTIONS = (
     Option("--host", "address to listen on", "127.0.0.1"),
@@ -26,6 +28,10 @@ SERVE_OPTIONS = (
     Option("--cache-metrics-port", "the KV-cache counters' port", 8003, int),
     Option("--cache-budget-tokens", "KV-cache capacity in tokens (published: 102,400 pages of 32)", 3_276_800, int),
     PAGE_TOKENS,
+    Option("--reserve-pool", "take the KV pool's whole budget at start, as NVIDIA's runtime takes its primary "
+                             "pages (--engine batched or batched-aoti), instead of growing it as it fills: growing "
+                             "copies the pool and holds both copies at once (the last growth up to 1.5 times the "
+                             "pool); reserved, a budget the device cannot hold is refused at start", type=bool),
     Option("--host-budget-tokens", "host tier behind the KV cache, in tokens (0: none); users evicted from the "
                                    "GPU pool keep what was offloaded there (NVIDIA's reference: cpu_cache_gb 1)", 0, int),
     Option("--offload-mode", "when K/V go to the host tier, as NVIDIA's backends do: native (once a whole chunk "
@@ -163,6 +169,9 @@ def _serve(args) -> int:
         args.engine = CPP_BACKEND_ENGINE if args.frontend == "cpp-backend" else DEFAULT_ENGINE
     if args.frontend == "cpp-backend":
         _check_cpp_backend(args)
+    if args.reserve_pool and args.engine not in POOLED_ENGINES:
+        raise ConfigError(f"--reserve-pool: --engine {args.engine} keeps each user's K/V apart, in no pool; use "
+                          f"--engine {' or '.join(POOLED_ENGINES)}")
     host = HostTierOptions(args.host_budget_tokens, OffloadMode(args.offload_mode), args.offload_chunk_tokens)
     options = ServeOptions(args.host, args.http_port, args.grpc_port, args.metrics_port, args.cache_metrics_port,
                            args.log_verbose, TlsFiles(args.tls_cert, args.tls_key) if args.tls_cert else None,
@@ -181,8 +190,8 @@ def _serve(args) -> int:
         from hstu_replay.server.cpp_backend import CppBackendSettings, serve_cpp
 
         package = batched_step_path(args.repository, config, args.seed, args.page_tokens, device)
-        serve_cpp(CppBackendSettings(config, package, args.cache_budget_tokens, args.page_tokens, host), options,
-                  library)
+        serve_cpp(CppBackendSettings(config, package, args.cache_budget_tokens, args.page_tokens, host,
+                                     args.reserve_pool), options, library)
         return 0
     if args.frontend == "python-backend":
         from hstu_replay.server.python_backend import BackendSettings, serve_native
@@ -190,10 +199,10 @@ def _serve(args) -> int:
         serve_native(BackendSettings("cached", "", args.engine, str(Path(args.repository).resolve()), args.config, args.dtype,
                                      args.seed, args.cache_budget_tokens, args.page_tokens, device, args.host,
                                      args.cache_metrics_port, "", host.budget_tokens, host.mode.value,
-                                     host.chunk_tokens), options)
+                                     host.chunk_tokens, args.reserve_pool), options)
         return 0
     engines = ENGINE_KINDS[args.engine](args.repository, config, args.seed, args.cache_budget_tokens,
-                                        args.page_tokens, device, host)
+                                        args.page_tokens, device, host, args.reserve_pool)
     serve(engines, options)
     return 0
 

@@ -67,6 +67,7 @@ class CppBackendSettings:
     cache_budget_tokens: int
     page_tokens: int
     host: HostTierOptions = HostTierOptions()  # the cached model's host tier (budget 0: none)
+    reserve_pool: bool = False  # the cached model's pool taken whole at start
 
 
 ROLE_OF_MODEL = {KVCACHE.model_name: "cached", CONTROL_MODEL: "control"}  # the other models: uncached
@@ -85,7 +86,7 @@ def parameters(entry: ModelEntry, settings: CppBackendSettings) -> dict[str, str
     if role == "cached":
         host = settings.host
         sizes |= {"host_budget_tokens": host.budget_tokens, "offload_mode": host.mode.value,
-                  "offload_chunk_tokens": host.chunk_tokens}
+                  "offload_chunk_tokens": host.chunk_tokens, "reserve_pool": int(settings.reserve_pool)}
     return {"role": role, "dtype": cfg.dtype, "logits_output": interface.logits_output,
             "inputs": ",".join(f"{field}={name}" for field, name in interface.field_to_input.items()),
             **{key: str(value) for key, value in sizes.items()}}

@@ -9,7 +9,10 @@ full request, so a request's users always have pages to compute in, kept or not.
 Memory is taken as pages are used: the pool starts at one full request (or the whole pool when
 that is smaller) and grows, when a request needs more pages than are free, to twice its size
 (capped at the whole pool), copying what it holds; a full budget is refused at start only when it
-exceeds the device's memory. With a host tier (`host_tier.HostTier`) behind it, a user the host
+exceeds the device's memory. Growing by copying holds the old pool and the new one at once (the
+last growth up to 1.5 times the whole pool); `reserve` takes the whole pool at start instead, as
+NVIDIA's runtime takes its primary pages: a budget the device cannot hold is then refused before
+any request, and the pool never moves. With a host tier (`host_tier.HostTier`) behind it, a user the host
 holds more of is onboarded into its pages at `begin`, and `offload` copies the request's users
 out after the forward pass.
 """
@@ -53,7 +56,7 @@ class UserPages:
 
 class PagedKVCache:
     def __init__(self, config: ModelConfig, budget_tokens: int, page_tokens: int, device: str | torch.device,
-                 dtype: torch.dtype, host: HostTier | None = None) -> None:
+                 dtype: torch.dtype, host: HostTier | None = None, reserve: bool = False) -> None:
         if budget_tokens < 0:
             raise LimitError(f"KV-cache budget of {budget_tokens} tokens; must be at least 0")
         self.ledger = CacheLedger(budget_tokens, page_tokens)
@@ -76,7 +79,7 @@ class PagedKVCache:
         self._rows: dict[int, np.ndarray] = {}  # key -> its pages as an array, made when first asked for
         self.counters = CacheCounters()
         self.generation = 0  # how many times the pool was (re)allocated: what holds its addresses checks this
-        self._grow(min(self.num_pages, request_pages))
+        self._grow(self.num_pages if reserve else min(self.num_pages, request_pages))
 
     @property
     def page_bytes(self) -> int:

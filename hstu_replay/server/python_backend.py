@@ -69,6 +69,7 @@ class BackendSettings:
     host_budget_tokens: int = 0  # the host tier behind the cache
     offload_mode: str = OffloadMode.NATIVE.value
     offload_chunk_tokens: int = DEFAULT_OFFLOAD_CHUNK_TOKENS
+    reserve_pool: bool = False  # the cached model's pool taken whole at start
 
     @property
     def host_tier(self) -> HostTierOptions:

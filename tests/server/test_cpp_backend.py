@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from dataclasses import replace
 import sys
 import urllib.request
 from pathlib import Path
@@ -60,6 +61,9 @@ def test_every_model_names_our_backend_with_its_published_tensors_and_its_role()
            'total_history_lengths=INPUT__4"' in kv
     assert 'key: "host_budget_tokens" value: { string_value: "0" }' in kv  # the cached model's alone
     assert "host_budget_tokens" not in texts[NOCACHE.model_name]
+    assert 'key: "reserve_pool" value: { string_value: "0" }' in kv and "reserve_pool" not in texts[NOCACHE.model_name]
+    (cached,) = [entry for entry in model_entries() if entry.name == KVCACHE.model_name]
+    assert parameters(cached, replace(SETTINGS, reserve_pool=True))["reserve_pool"] == "1"
     assert f'string_value: "{",".join(CONTROL_OUTPUTS)}"' in texts[CONTROL_MODEL]
     assert "values=TOKENS" in texts[PYTHON_BACKEND.model_name] and "user_ids=USER_IDS" in texts[PYTHON_BACKEND.model_name]
 
@@ -97,6 +101,12 @@ def cpp_server(batched_step_repository, tmp_path_factory):
 def small_cpp_server(batched_step_repository, tmp_path_factory):
     yield from serving(batched_step_repository, tmp_path_factory.mktemp("cpp-small") / "server.log",
                        SMALL_BUDGET_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def reserved_cpp_server(batched_step_repository, tmp_path_factory):
+    yield from serving(batched_step_repository, tmp_path_factory.mktemp("cpp-reserved") / "server.log",
+                       SMALL_BUDGET_TOKENS, "--reserve-pool")
 
 
 TIERS = ("--host-budget-tokens", str(HOST_BUDGET_TOKENS), "--offload-mode", "native", "--offload-chunk-tokens",
@@ -226,12 +236,16 @@ def growing_requests(seed: int, keys: list[int], steps: int, growth: int):
 
 
 @pytest.mark.integration
-def test_hits_are_the_oracles_through_growth_eviction_and_a_user_beyond_the_budget(small_cpp_server):
-    server, _ = small_cpp_server
+@pytest.mark.parametrize("pool", ["small_cpp_server", "reserved_cpp_server"])
+def test_hits_are_the_oracles_through_growth_eviction_and_a_user_beyond_the_budget(pool, request):
+    server, _ = request.getfixturevalue(pool)
     client = connect(server)
     oracle = OracleCache(SMALL_BUDGET_TOKENS, PAGE_TOKENS)
+    page_bytes = 2 * PAGE_TOKENS * CONFIG.num_layers * CONFIG.num_heads * CONFIG.head_dim * 4  # K and V, fp32
+    request_pages = CONFIG.max_batch * -(-(6 + 2 * CONFIG.max_history) // PAGE_TOKENS)  # users of the longest history
+    full = (SMALL_BUDGET_TOKENS // PAGE_TOKENS + request_pages) * page_bytes  # the budget's pages and one request's
     try:
-        clear_cache(server)
+        start = clear_cache(server)["RESIDENT_BYTES"]
         for step, users in enumerate(growing_requests(3, [8_000 + k for k in range(6)], 24, 15)):
             if step == 12:  # longer than the whole budget: served, never kept
                 users.append(user(9, 250, key=8_999))
@@ -241,6 +255,11 @@ def test_hits_are_the_oracles_through_growth_eviction_and_a_user_beyond_the_budg
         stats = control_stats(server)
         assert stats["RESIDENT_TOKENS"] == sum(oracle.held.values())
         assert stats["EVICTED_USERS"] > 0 and stats["REQUESTS"] == 24
+        assert stats["BUDGET_BYTES"] == full
+        if pool == "reserved_cpp_server":  # taken whole at start, never grown
+            assert start == stats["RESIDENT_BYTES"] == full
+        else:  # one full request's pages at start, taken as used after that
+            assert start == request_pages * page_bytes and start <= stats["RESIDENT_BYTES"] <= full
     finally:
         client.close()
 

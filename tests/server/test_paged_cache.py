@@ -43,6 +43,19 @@ def test_the_pool_has_room_for_the_budget_plus_one_full_request_and_starts_at_on
         cache(budget_tokens=-1)
 
 
+def test_a_reserved_pool_takes_its_whole_budget_at_start_and_places_pages_as_a_growing_one():
+    page_bytes = PAGE * 2 * TINY.num_layers * TINY.num_heads * TINY.head_dim * 4
+    reserved = PagedKVCache(TINY, 256, PAGE, "cpu", torch.float32, reserve=True)  # 8 pages + a request's 4
+    assert (reserved.allocated_pages, reserved.num_pages, reserved.generation) == (12, 12, 1)
+    assert reserved.stats()["resident_bytes"] == reserved.stats()["budget_bytes"] == 12 * page_bytes
+    growing = cache(budget_tokens=256)
+    # past the first request's 4 pages (the growing pool grows), then evictions free pages for reuse
+    for pairs in [((1, 20), (2, 40)), ((3, 46), (4, 46)), ((1, 46), (5, 30)), ((6, 46), (7, 46))]:
+        assert request(reserved, *pairs) == request(growing, *pairs), pairs
+    assert growing.generation > 1 and growing.stats()["resident_bytes"] > 4 * page_bytes
+    assert reserved.generation == 1 and reserved.stats()["resident_bytes"] == 12 * page_bytes
+
+
 def test_a_hit_reuses_its_pages_and_appends_after_the_held_tokens():
     c = cache(budget_tokens=256)
     first = request(c, (1, 20))[1]

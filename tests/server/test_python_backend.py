@@ -18,7 +18,7 @@ from tests.exposition import exposed
 from tests.server.test_serve import infer, prefix, user
 
 SETTINGS = BackendSettings("cached", "m", "batched", "/repo", "small", "bfloat16", 3, 4096, 32, "cpu", "127.0.0.1",
-                           8003, "/tmp/x/cache.sock")
+                           8003, "/tmp/x/cache.sock", reserve_pool=True)
 
 
 def test_the_settings_survive_the_config_text():
@@ -52,7 +52,7 @@ def native_server(tmp_path_factory):
     log = tmp_path_factory.mktemp("native") / "server.log"
     server = start_server(tmp_path_factory.mktemp("unused-repository"), log, "--frontend", "python-backend",
                           "--engine", "batched", "--config", "small", "--cache-budget-tokens", "65536",
-                          ready_timeout=300)
+                          "--reserve-pool", ready_timeout=300)
     yield server, log
     code = stop_server(server)  # also: tritonserver, every stub and every port gone
     assert code == 0, log.read_text(errors="replace")[-2000:]
@@ -92,6 +92,10 @@ def test_the_control_model_reaches_the_cache_of_the_kvcache_model(native_server)
         clear.set_data_from_numpy(np.array([0], dtype=np.int64))
         stats = client.infer(CONTROL_MODEL, [clear])
         assert stats.as_numpy("HIT_TOKENS").tolist() == [int(values["hstu_kvcache_hit_tokens_total"])] != [0]
+        # --reserve-pool: the whole pool taken at start, 2,048 pages of budget + 8 users x 17 pages, of
+        # 32 tokens x K and V x 2 layers x 2 heads x 32 x fp32 (the grown pool would hold 136 pages yet)
+        assert stats.as_numpy("RESIDENT_BYTES").tolist() == stats.as_numpy("BUDGET_BYTES").tolist() == \
+            [(2048 + 8 * 17) * 32 * 2 * 2 * 2 * 32 * 4]
         clear.set_data_from_numpy(np.array([1], dtype=np.int64))
         assert client.infer(CONTROL_MODEL, [clear]).as_numpy("RESIDENT_TOKENS").tolist() == [0]
         third = infer(client, KVCACHE.model_name, [user(31, 30, key=931_001)])

@@ -225,6 +225,15 @@ def test_https_needs_a_certificate_and_a_usable_one(tmp_path):
     assert options.http_host == "127.0.0.1" and options.ports["https"] == 8443
 
 
+def test_serve_refuses_to_reserve_a_pool_for_an_engine_without_one():
+    result = subprocess.run([str(BIN / "hstu-replay"), "server", "serve", "--reserve-pool", "--engine", "aoti"],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "hstu-replay: error: --reserve-pool: --engine aoti keeps each user's K/V apart, in no pool; use --engine "
+        "batched or batched-aoti"]
+
+
 def test_serve_refuses_half_a_tls_pair_in_one_line():
     result = subprocess.run([str(BIN / "hstu-replay"), "server", "serve", "--tls-cert", "x.pem"],
                             capture_output=True, text=True, timeout=120, cwd=ROOT)
