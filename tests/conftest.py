@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -154,6 +155,14 @@ def triton_server(compiled_repository, tmp_path_factory):
     assert code == 0, f"server exited {code}:\n{log.read_text(errors='replace')[-2000:]}"
 
 
+#: the stage flags that judge the machine rather than the code (report/flags.py): on a shared 2-core
+#: machine a run may raise them whatever the code does, and a run given any threshold then fails
+MACHINE_FLAGS = ("thin", "client-bound")
+#: options that keep those flags for runs that mean nothing: a stage of one request is solid, and a
+#: minute of loop lag the bound (a client process at 90% of a core stays client-bound: no option sets it)
+MACHINE_LENIENT = ("--min-stage-requests", "1", "--max-loop-lag-ms", "60000")
+
+
 @dataclass(frozen=True)
 class LocustResult:
     returncode: int
@@ -164,6 +173,14 @@ class LocustResult:
     @property
     def report(self) -> dict:
         return json.loads((self.report_dir / "report.json").read_text())
+
+    def violations_but_the_machines(self) -> list[str]:
+        """The run's threshold violations other than the machine's flags, once its exit code is checked
+        to say what its report does (3 with a violation, 0 without)."""
+        violations = self.report["thresholds"]["violations"]
+        assert self.returncode == (3 if violations else 0), (self.returncode, violations, self.stderr[-2000:])
+        machine = re.compile(rf"stage \S+ is ({'|'.join(MACHINE_FLAGS)}): ")
+        return [v for v in violations if not machine.match(v)]
 
 
 def run_distributed(tmp_path: Path, *args: str, users: int = 4, workers: int = 2,

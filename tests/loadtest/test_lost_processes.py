@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hstu_replay.loadtest.faults import LOST_EXIT_CODE
+from hstu_replay.loadtest.faults import CHECK_INTERVAL_S, LOST_EXIT_CODE, RESUME_GRACE_S
 from hstu_replay.loadtest.records import read_records
 from hstu_replay.plan.keys import key_owner
 from tests.conftest import ROOT, free_ports, locust_command, run_distributed
@@ -103,7 +103,9 @@ def test_a_killed_worker_is_named_and_fails_the_threshold(oracle_servers, sample
     assert (lost["users_before"], lost["users_after"]) == (4, 2)
     first, second = (s["name"] for s in report["stages"])
     assert lost["stage"] == first and lost["stages"] == [first, second], lost
-    assert 1.5 < lost["lost_at_s"] < 4.5, lost
+    # the master last heard from it before the kill (a heartbeat a second; a loaded machine delays one)
+    killed_s = killed_at[0] - report["run"]["started"]
+    assert killed_s - 2.5 <= lost["lost_at_s"] <= killed_s + 0.5, (lost, killed_s)
     records = [r for r in read_records(report_dir) if r["worker"] == index and r["kind"] == "measure" and r["ok"]]
     assert lost["measured_sent"] == len(records) and lost["measured_received"] <= len(records), lost
     assert lost["measured_unreceived"] == len(records) - lost["measured_received"]
@@ -113,10 +115,13 @@ def test_a_killed_worker_is_named_and_fails_the_threshold(oracle_servers, sample
     assert report["run"]["workers"] == 2 and report["run"]["workers_end"] == 1
     assert f"worker {index} ({lost['client_id']}) lost at" in log  # the terminal summary
     assert "Workers lost or joined" in (report_dir / "report.html").read_text()
-    # the server saw nothing from the killed worker after the kill
+    # after the kill the server saw from the killed worker at most what was in flight then (a request
+    # a user), and the other worker went on
     seen = oracle.records()[start:]
-    last = last_request_by_worker(seen, keys_by_worker(seen, run_keys(report_dir)))
-    assert last[index] <= killed_at[0] + 0.1 and last[1 - index] > killed_at[0] + 3, (last, killed_at)
+    own = keys_by_worker(seen, run_keys(report_dir))
+    late = [r["t"] - killed_at[0] for r in seen if own[index] & set(r["keys"]) and r["t"] > killed_at[0]]
+    assert len(late) <= lost["users"] and all(t < 5 for t in late), late
+    assert last_request_by_worker(seen, own)[1 - index] > killed_at[0] + 3
 
 
 def start_distributed(tmp_path: Path, args: list[str], workers: int = 2) -> tuple[subprocess.Popen, list, Path]:
@@ -163,7 +168,10 @@ def test_workers_of_a_killed_master_stop_within_the_timeout(oracle_servers, samp
     last = last_request_by_worker(seen, keys_by_worker(seen, run_keys(report_dir)))
     stops = {w: t - killed_at for w, t in last.items()}
     print(f"\n== last request after the master's kill, s: {stops}")
-    assert set(stops) == {0, 1} and all(s <= MASTER_TIMEOUT_S + 1.5 for s in stops.values()), stops
+    # the watch's bound: the timeout and a check, or the grace after a stall of the worker's own loop
+    # (a loaded machine); half a second for the request in flight
+    bound = MASTER_TIMEOUT_S + CHECK_INTERVAL_S + RESUME_GRACE_S + 0.5
+    assert set(stops) == {0, 1} and all(s <= bound for s in stops.values()), stops
     kept = read_records(report_dir)
     assert {r["worker"] for r in kept if r["kind"] == "measure"} == {0, 1}  # records kept by both
 

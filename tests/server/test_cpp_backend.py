@@ -31,7 +31,7 @@ from hstu_replay.server.model_config import get_config
 from hstu_replay.server.python_backend import model_entries
 from hstu_replay.server.serve import CONTROL_OUTPUTS
 from hstu_replay.verify import DEFAULT_TOLERANCE
-from tests.conftest import ROOT, run_locust, start_server, stop_server
+from tests.conftest import MACHINE_LENIENT, ROOT, run_locust, start_server, stop_server
 from tests.exposition import exposed
 from tests.oracle.server import OracleCache, TwoTierCache
 from tests.server.test_serve import prefix, user
@@ -384,12 +384,11 @@ def test_locust_replays_the_reference_dumps_through_the_cpp_backend(cpp_server, 
         tmp_path / "report", "-u", "1", "-r", "1", "--triton-url", server.grpc_url, "--workload", "dumps",
         "--dump-dir", str(reference_dumps), "--hit-ratios", "0,1.0", "--batch-sizes", "8",
         "--stage-seconds", "3", "--warmup-seconds", "1", "--max-history", "256", "--max-mismatches", "0",
-        "--min-stage-requests", "10",
         # client and server share two cores, and this server answers in milliseconds: the client's loop
         # lags; what is checked here is the answers and the hits, not who bounded the rate
-        "--max-loop-lag-ms", "1000",
+        *MACHINE_LENIENT,
     )
-    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.violations_but_the_machines() == []
     report = result.report
     assert report["verification"]["mismatches"] == 0  # the compiled no-cache package's logits, from the dumps
     assert report["verification"]["verified"] > 0
