@@ -30,7 +30,7 @@ SERVE_OPTIONS = (
     PAGE_TOKENS,
     Option("--reserve-pool", "take the KV pool's whole budget at start, as NVIDIA's runtime takes its primary "
                              "pages (--engine batched or batched-aoti), instead of growing it as it fills: growing "
-                             "copies the pool and holds both copies at once (the last growth up to 1.5 times the "
+                             "copies the pool and holds both copies at once (the last growth 1.5 to 2 times the "
                              "pool); reserved, a budget the device cannot hold is refused at start", type=bool),
     Option("--host-budget-tokens", "host tier behind the KV cache, in tokens (0: none); users evicted from the "
                                    "GPU pool keep what was offloaded there (NVIDIA's reference: cpu_cache_gb 1)", 0, int),

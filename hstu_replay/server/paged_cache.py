@@ -10,7 +10,7 @@ Memory is taken as pages are used: the pool starts at one full request (or the w
 that is smaller) and grows, when a request needs more pages than are free, to twice its size
 (capped at the whole pool), copying what it holds; a full budget is refused at start only when it
 exceeds the device's memory. Growing by copying holds the old pool and the new one at once (the
-last growth up to 1.5 times the whole pool); `reserve` takes the whole pool at start instead, as
+last growth 1.5 to 2 times the whole pool); `reserve` takes the whole pool at start instead, as
 NVIDIA's runtime takes its primary pages: a budget the device cannot hold is then refused before
 any request, and the pool never moves. With a host tier (`host_tier.HostTier`) behind it, a user the host
 holds more of is onboarded into its pages at `begin`, and `offload` copies the request's users
