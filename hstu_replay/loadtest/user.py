@@ -95,18 +95,20 @@ class HstuUser(User):
                 run.fleet.retire(self.source.settle(step, False))
                 return
         kind = "warmup" if position.warming_up else "measure"
-        outcome = None
+        sent = None
         if step.prime is not None and run.prepared.caches:  # sent before the intended time: not charged
-            outcome = self._send("warmup" if position.warming_up else "prime", step, step.prime, position, prime=True)
-        if outcome is None or outcome.ok:
+            sent = self._send("warmup" if position.warming_up else "prime", step, step.prime, position, prime=True)
+        if sent is None or sent.outcome.ok:
             if intended is not None:
                 gevent.sleep(min(max(intended - time.monotonic(), 0.0), run.prepared.schedule.duration_s))
-            outcome = self._send(kind, step, step.request, position, intended)
-        else:  # without its prime the request cannot be what the stage measures: it fails with it
+            sent = self._send(kind, step, step.request, position, intended)
+        else:  # without its prime the request cannot be what the stage measures: it fails with it, where
+            # the prime failed (routing it would take a balancer's turn for a request never sent)
             run.accountant.file(Sent(kind, position.stage.key, step.request, step.expected_hits,
                                      (0,) * step.request.batch_size,
                                      Outcome(0.0, error="not sent: its priming request failed"), step.label,
-                                     self.index, server=run.fleet.route(step.request).index))
+                                     self.index, server=sent.server))
+        outcome = sent.outcome
         retired = self.source.settle(step, outcome.ok)
         if run.prepared.caches:
             run.fleet.retire(retired)
@@ -117,8 +119,9 @@ class HstuUser(User):
             self.backoff = 0.0
 
     def _send(self, kind: str, step: PlannedStep, request: RequestTensors, position: StagePosition,
-              intended: float | None = None, prime: bool = False) -> Outcome:
-        """Send one request and file it; a failed one leaves its keys' server state unknown."""
+              intended: float | None = None, prime: bool = False) -> Sent:
+        """Send one request and file it (what is filed is returned); a failed one leaves its keys'
+        server state unknown."""
         run = self.run
         caches = run.prepared.caches
         server = run.fleet.route(request)
@@ -154,9 +157,9 @@ class HstuUser(User):
                                         f"> {checks.tolerance} {v.reason}").rstrip()
                     exception = MismatchError(outcome.mismatch)
         hits = (0,) * request.batch_size if prime else step.expected_hits
-        run.accountant.file(Sent(kind, position.stage.key, request, hits,
-                                 predicted.hits if predicted else (0,) * request.batch_size, outcome, label,
-                                 self.index, predicted.host if predicted else (), server.index))
+        sent = Sent(kind, position.stage.key, request, hits, predicted.hits if predicted else (0,) * request.batch_size,
+                    outcome, label, self.index, predicted.host if predicted else (), server.index)
+        run.accountant.file(sent)
         if kind == "measure" and outcome.ok:
             run.clock.measured(position.stage)
         self.environment.events.request.fire(
@@ -164,7 +167,7 @@ class HstuUser(User):
             response_time=outcome.latency_s * 1e3, response_length=0 if outcome.logits is None else outcome.logits.nbytes,
             exception=exception, context={"label": step.label},
         )
-        return outcome
+        return sent
 
 
 def request_name(position: StagePosition, kind: str) -> str:
