@@ -178,12 +178,12 @@ def test_round_robin_collapses_the_hit_ratio_as_the_client_predicted(oracle_flee
                         "--workload", "sessions", "--store", str(sample_store), "--hit-ratios", "0.5",
                         "--batch-sizes", "8", "--stage-seconds", "3")
     report = result.report
-    counted = check_against_servers(report, read_records(tmp_path), servers, starts, affinity=False)
+    records = read_records(tmp_path)
+    counted = check_against_servers(report, records, servers, starts, affinity=False)
     # round-robin deals every request in turn, primes and warm-ups included: the servers' own logs
     # count the same to one; the measured share follows the client's records (primes interleave)
     seen = [len(s.records()) - start for s, start in zip(servers, starts)]
     assert abs(seen[0] - seen[1]) <= 1 and min(seen) > 0, seen
-    records = read_records(tmp_path)
     (stage,) = report["fleet"]["stages"]
     measured = Counter(r["server"] for r in records if r["kind"] == "measure" and r["stage"] == stage["name"])
     for i, row in enumerate(stage["servers"]):

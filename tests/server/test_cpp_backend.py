@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 import subprocess
-from dataclasses import replace
 import sys
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
