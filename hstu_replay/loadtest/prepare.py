@@ -54,11 +54,13 @@ class PreparedRun:
         return self.binding.interface.uses_cache
 
     def history_caps(self) -> dict[int, int]:
-        """Batch size -> longest history sent, where --max-values caps it below --max-history."""
-        if self.workload is None:
+        """Batch size -> longest history sent, where --max-values caps it below --max-history
+        (the options say it, so a master knows its workers' caps without their data)."""
+        data = self.config.data
+        if not data.kind.caps_histories:
             return {}
-        caps = {b: self.workload.history_cap(b) for b in self.config.sweep.batches}
-        return {b: c for b, c in caps.items() if c is not None and c < self.config.data.max_history}
+        caps = {b: data.limits.history_cap(b, data.candidates) for b in self.config.sweep.batches}
+        return {b: c for b, c in caps.items() if c < data.max_history}
 
 
 def _asked(target: TargetConfig, server: int, question):

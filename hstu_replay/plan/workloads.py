@@ -63,8 +63,6 @@ class WorkloadOptions:
 class Workload(Protocol):
     def check(self, batch_sizes: tuple[int, ...]) -> None: ...
 
-    def history_cap(self, batch_size: int) -> int | None: ...
-
     def source(self, keys: KeyAllocator, cache=None) -> StepSource:
         """One virtual user's source; `cache` is the process's model of the server's cache."""
 
@@ -152,9 +150,6 @@ class DumpWorkload:
                                   f"{sum(sizes[:batch])} values; --max-values is {limits.max_values} "
                                   f"(dumped values cannot be trimmed: lower the batch size or raise --max-values)")
 
-    def history_cap(self, batch_size: int) -> None:
-        return None  # dumped requests are sent as dumped
-
     def source(self, keys: KeyAllocator, cache=None) -> StepSource:
         from hstu_replay.plan.dumps import DumpSource
 
@@ -222,6 +217,7 @@ class WorkloadKind:
     data_needed: str  # what the error says is missing when that option is empty
     help: str  # one phrase for --workload's help
     steers_tiers: bool = False  # takes --tier-mix
+    caps_histories: bool = True  # cuts histories to fit --max-history / --max-values (dumps are sent as dumped)
     natural: bool = False  # replays the log's own times: its steps say when they go (no arrival clock),
     # one stage whose hit ratio emerges, --time-scale / --timeline-shard apply, a natural report section;
     # its sources run dry when the log ends (StepSource.exhausted)
@@ -235,7 +231,8 @@ class WorkloadKind:
 WORKLOADS: dict[str, WorkloadKind] = {k.name: k for k in (
     WorkloadKind("sessions", SessionWorkload, "store", "--store (a prepared KuaiRand store)",
                  "sessions (replay a prepared store)", steers_tiers=True),
-    WorkloadKind("dumps", DumpWorkload, "dump_dir", "--dump-dir", "dumps (NVIDIA dump dir)"),
+    WorkloadKind("dumps", DumpWorkload, "dump_dir", "--dump-dir", "dumps (NVIDIA dump dir)",
+                 caps_histories=False),
     WorkloadKind("timeline", TimelineWorkload, "store", "--store (a prepared KuaiRand store)",
                  "timeline (natural replay of a store in the log's time order)", natural=True),
 )}

@@ -25,7 +25,7 @@ def distributed_run(tmp_path, server, store, kill_one_worker: bool = False):
 
     return run_distributed(tmp_path, "--triton-url", server.grpc_url, "--workload", "sessions", "--store", str(store),
                            "--hit-ratios", "0,0.9", "--batch-sizes", "2", "--stage-seconds", "5",
-                           "--warmup-seconds", "1", "--max-history", "256",
+                           "--warmup-seconds", "1", "--max-history", "256", "--max-values", "1000",
                            during=kill_second_worker if kill_one_worker else None)
 
 
@@ -36,6 +36,8 @@ def test_master_merges_two_workers(triton_server, sample_store, tmp_path):
     assert code == 0, log[-3000:]
     report = json.loads((report_dir / "report.json").read_text())
     assert report["run"]["workers"] == 2 and report["run"]["role"] == "master"
+    # 1000 values over 2 users: (500 - 6 context) / 2 - 16 candidates = 231 items each, below 256
+    assert report["run"]["history_caps"] == {"2": 231}
     records = read_records(report_dir)
     by_worker = {r["worker"] for r in records}
     assert by_worker == {0, 1}
