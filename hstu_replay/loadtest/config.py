@@ -20,6 +20,7 @@ from hstu_replay.fleet.routing import Routing, routing
 from hstu_replay.loadtest.address import address_url, addresses, resolve_address
 from hstu_replay.loadtest.options import SECRETS, option_values
 from hstu_replay.plan.over_limit import HistoryPolicy
+from hstu_replay.plan.reuse import PartialHits
 from hstu_replay.plan.tier_mix import TierMix
 from hstu_replay.plan.tiers import OFFLOAD_MODES
 from hstu_replay.plan.workloads import WORKLOADS, WorkloadKind, natural_workloads, one_of, workload_kind
@@ -121,10 +122,14 @@ class DataConfig:
     shard: tuple[int, int] = (0, 1)  # --timeline-shard i/n; (0, 1): every user
     policy: HistoryPolicy = HistoryPolicy()  # --over-limit, --rebase-keep
     working_set: int = 0  # --working-set: keys per virtual user revisited round-robin (0: off)
+    partial_hits: PartialHits = PartialHits.PRIME  # --partial-hits: ratios between 0 and 1 from primes or reuse
 
     def __post_init__(self):
         if not getattr(self, self.kind.data_option):
             raise ConfigError(f"--workload {self.kind.name} needs {self.kind.data_needed}")
+        if self.partial_hits is PartialHits.REUSE and not self.kind.mixes_hits:
+            raise ConfigError(f"--partial-hits {self.partial_hits}: only --workload "
+                              f"{one_of(k.name for k in WORKLOADS.values() if k.mixes_hits)} mixes full hits and misses")
         if self.time_scale < 0 or self.time_slice_ms < 0:
             raise ConfigError(f"--time-scale {self.time_scale} / --time-slice-ms {self.time_slice_ms}: use 0 or more")
         if self.time_scale > 0 and not self.kind.natural:
@@ -317,7 +322,8 @@ class LoadTestConfig:
         kind = workload_kind(v["workload"])
         data = DataConfig(kind, v["store"], v["dump_dir"], v["candidates"], v["max_history"], v["max_values"],
                           v["seed"], v["time_scale"], v["time_slice_ms"], _shard(v["timeline_shard"]),
-                          HistoryPolicy.of(v["over_limit"], v["rebase_keep"]), v["working_set"])
+                          HistoryPolicy.of(v["over_limit"], v["rebase_keep"]), v["working_set"],
+                          _choice(PartialHits, "--partial-hits", v["partial_hits"]))
         checks = CheckConfig(v["verify_fraction"], v["tolerance"])
         cache = CacheConfig(v["cache_budget_tokens"], v["cache_page_tokens"], v["host_budget_tokens"],
                             v["offload_mode"], TierMix.parse(v["tier_mix"]) if v["tier_mix"] else None,

@@ -20,6 +20,7 @@ from hstu_replay import arguments as A
 from hstu_replay.arguments import Option
 from hstu_replay.errors import ConfigError
 from hstu_replay.loadtest.address import DEFAULT_ADDRESS, address_url
+from hstu_replay.plan.reuse import PartialHits
 
 DEFAULT_GROUP = "Sweep and load"
 
@@ -125,6 +126,10 @@ OPTIONS: tuple[LoadOption, ...] = (
     LoadOption(A.STORE.but(default="", help="Prepared KuaiRand store (hstu-replay data prepare)"), DATA, WebForm.PATH),
     LoadOption(A.DUMP_DIR.but(default="", help="NVIDIA-format dump directory (hstu-replay server dump)"), DATA,
                WebForm.PATH),
+    LoadOption(_own("--partial-hits", PartialHits.PRIME.value, "Dumps, at hit ratios between 0 and 1: prime (each "
+                    "request on a fresh key primed with the prefix that reaches the ratio, a priming request the "
+                    "server computes too) or reuse (no primes: full hits on keys the same dumped user filled, and "
+                    "cold requests, mixed to the ratio in tokens)"), DATA),
     LoadOption(A.HIT_RATIOS.but(help="Target KV-cache hit ratios, one stage each")),
     LoadOption(A.BATCH_SIZES.but(help=f"Users per request ({A.BATCH_RANGE}), one sweep each")),
     LoadOption(_own("--arrival", "closed", "closed (back to back), constant or poisson (open loop)")),

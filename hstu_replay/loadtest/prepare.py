@@ -145,7 +145,7 @@ def prepare(config: LoadTestConfig, placement: Placement, binding: ModelBinding 
         options = WorkloadOptions(data.path, data.candidates, data.limits, data.seed, placement.worker_index,
                                   placement.worker_count, data.time_scale, sweep.open_rate, data.time_slice_ms,
                                   data.shard, data.policy, config.cache.tier_mix,
-                                  data.working_set, user_servers(config.target))
+                                  data.working_set, user_servers(config.target), partial_hits=data.partial_hits)
         workload = data.kind.opens(options)
         workload.check(sweep.batches)
     ratios = sweep.ratios if binding.interface.uses_cache else (0.0,)  # nothing to hit: one cold stage

@@ -5,9 +5,12 @@ rows of the reference logits; a step takes B distinct users from the process's d
 whatever batches they were dumped in. The values sent are the dumped ones, unchanged: the
 reference logits stay valid. Hits come from reuse where they can, as NVIDIA's replay client
 gets them (pass 1 cold, pass 2 on the same keys): at target 1.0 a dumped user whose key already
-holds its full history is sent again on that key, with no prime. Any other target needs a fresh
-key, primed with a prefix of the same user's history to reach it (a priming request the
-server computes too; the report counts it).
+holds its full history is sent again on that key, with no prime. Between 0 and 1, by default
+(`PartialHits.PRIME`) each request takes a fresh key, primed with a prefix of the same user's
+history to reach the target (a priming request the server computes too; the report counts it).
+With `PartialHits.REUSE` (a `HitMix` given) there are no primes: a dumped user whose key holds
+its full history is sent again on it (a full hit) or on a fresh key (a miss, which fills that
+key for a later hit), whichever keeps the process's hit tokens at the target.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from hstu_replay.errors import ConfigError, HstuReplayError
 from hstu_replay.interface import NOCACHE, Limits, history_tokens
 from hstu_replay.plan.dealer import Dealer
 from hstu_replay.plan.keys import KeyAllocator
-from hstu_replay.plan.reuse import prime_items
+from hstu_replay.plan.reuse import HitMix, prime_items
 from hstu_replay.plan.step import PlannedStep
 from hstu_replay.request import RequestTensors, UserRequest, build_request
 
@@ -66,8 +69,9 @@ class DumpSource:
     dumped user's key holds its full history (shared by every virtual user of the process)."""
 
     def __init__(self, pool: Sequence[DumpedUser], dealer: Dealer, held: dict[int, _Held], keys: KeyAllocator,
-                 limits: Limits):
+                 limits: Limits, mix: HitMix | None = None):
         self.pool, self.dealer, self.held, self.keys, self.limits = pool, dealer, held, keys, limits
+        self.mix = mix  # the process's tally, where partial ratios come from reuse (None: from primes)
 
     @property
     def exhausted(self) -> bool:
@@ -90,19 +94,24 @@ class DumpSource:
             user = self.pool[i].request
             owner = self.dealer.holders(i) == 1  # no other step has this dumped user in flight
             book = self.held.get(i) if owner else None
-            if target >= 1.0 and book is not None and book.tokens == user.total_history_length:
+            tokens = user.total_history_length
+            warm = book is not None and book.tokens == tokens
+            mixed = self.mix is not None and 0.0 < target < 1.0
+            if warm and (target >= 1.0 or mixed and self.mix.wants_hit(target, tokens)):
                 users.append(user.with_key(book.key))  # reuse: a full hit, no prime
                 hits.append(book.tokens)
             else:
                 user = user.with_key(self.keys.new_key())
                 users.append(user)
-                prefix = prime_items(target, user.history_length)
+                prefix = None if mixed else prime_items(target, user.history_length)
                 hits.append(history_tokens(prefix) if prefix is not None else 0)
                 if prefix is not None:
                     primes.append(replace(user, history_items=user.history_items[:prefix],
                                           history_actions=user.history_actions[:prefix],
                                           candidates=user.candidates[:1]))
-            handles.append((i, users[-1].key, users[-1].total_history_length, owner))
+            if mixed:
+                self.mix.book(target, hits[-1], tokens)
+            handles.append((i, users[-1].key, tokens, owner))
         references = [self.pool[i].reference for i in chosen]
         return PlannedStep(
             request=build_request(users, self.limits),

@@ -3,12 +3,44 @@
 A request of m history items carries T(m) = 6 + 2m history tokens; its hit ratio is the
 fraction of those the server already holds. Two levers reach a target h: append just enough
 to a warm key (m = (held/h - 6) / 2), or prime a fresh key with a shorter prefix of p items
-(T(p) = h * T(m)) before the measured request.
+(T(p) = h * T(m)) before the measured request. Where a request cannot be trimmed or grown (a dumped user's
+values are sent as dumped), `PartialHits.REUSE` reaches h over many requests instead: each is
+either a full hit on a key an earlier request of the same user filled, or a cold request on a
+fresh key, chosen by `HitMix` so the tokens found cached stay at h of those sent.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from hstu_replay.interface import NUM_CONTEXT_TOKENS, history_tokens
+
+
+class PartialHits(StrEnum):
+    """--partial-hits: how a workload of untrimmable requests (dumps) reaches a ratio between 0 and 1."""
+
+    PRIME = "prime"  # every request at the ratio: a fresh key primed with the prefix that reaches it
+    REUSE = "reuse"  # no primes: full hits on reused keys and cold requests, mixed to the ratio in tokens
+
+
+class HitMix:
+    """Which requests of a stream are full hits, so that hit tokens / tokens sent stays at the target.
+
+    One tally per target: a request of `tokens` is a hit when that brings the tally nearer the
+    target than a miss would (hits + tokens / 2 < target x (sent + tokens)), so the tally never
+    strays from the target by more than one request's tokens once a reusable key is at hand.
+    """
+
+    def __init__(self) -> None:
+        self._tallies: dict[float, tuple[int, int]] = {}  # target -> (hit tokens, tokens sent)
+
+    def wants_hit(self, target: float, tokens: int) -> bool:
+        hits, sent = self._tallies.get(target, (0, 0))
+        return hits + tokens / 2 < target * (sent + tokens)
+
+    def book(self, target: float, hit_tokens: int, tokens: int) -> None:
+        hits, sent = self._tallies.get(target, (0, 0))
+        self._tallies[target] = (hits + hit_tokens, sent + tokens)
 
 
 def warm_items(target: float, held_tokens: int, sent_items: int, max_items: int) -> int | None:

@@ -21,6 +21,7 @@ from hstu_replay.interface import Limits
 from hstu_replay.plan.dealer import Dealer
 from hstu_replay.plan.keys import KeyAllocator
 from hstu_replay.plan.over_limit import HistoryPolicy
+from hstu_replay.plan.reuse import HitMix, PartialHits
 from hstu_replay.plan.step import PlannedStep
 from hstu_replay.plan.tier_mix import TierMix
 
@@ -58,6 +59,7 @@ class WorkloadOptions:
     working_set: int = 0  # sessions: N keys per virtual user revisited round-robin (0: off)
     user_servers: Callable[[np.ndarray], np.ndarray] | None = None  # natural replay over a fleet by key:
     # store indices -> each user's server (a request's users then share one)
+    partial_hits: PartialHits = PartialHits.PRIME  # dumps: ratios between 0 and 1 from primes or from reuse
 
 
 class Workload(Protocol):
@@ -131,6 +133,7 @@ class DumpWorkload:
                              identities=pool_identities(self.pool))
         self.held: dict[int, dict] = {}  # per server's cache model: dumped user -> key holding its full
         # history (see DumpSource); keys are shared only among the sources that send to one server
+        self.mix = HitMix() if options.partial_hits is PartialHits.REUSE else None  # the process's hit tally
 
     def check(self, batch_sizes: tuple[int, ...]) -> None:
         o, limits = self.options, self.options.limits
@@ -153,7 +156,8 @@ class DumpWorkload:
     def source(self, keys: KeyAllocator, cache=None) -> StepSource:
         from hstu_replay.plan.dumps import DumpSource
 
-        return DumpSource(self.pool, self.dealer, self.held.setdefault(id(cache), {}), keys, self.options.limits)
+        return DumpSource(self.pool, self.dealer, self.held.setdefault(id(cache), {}), keys, self.options.limits,
+                          self.mix)
 
 
 class TimelineWorkload:
@@ -217,6 +221,7 @@ class WorkloadKind:
     data_needed: str  # what the error says is missing when that option is empty
     help: str  # one phrase for --workload's help
     steers_tiers: bool = False  # takes --tier-mix
+    mixes_hits: bool = False  # takes --partial-hits reuse (partial ratios from full hits and misses, no primes)
     caps_histories: bool = True  # cuts histories to fit --max-history / --max-values (dumps are sent as dumped)
     natural: bool = False  # replays the log's own times: its steps say when they go (no arrival clock),
     # one stage whose hit ratio emerges, --time-scale / --timeline-shard apply, a natural report section;
@@ -232,7 +237,7 @@ WORKLOADS: dict[str, WorkloadKind] = {k.name: k for k in (
     WorkloadKind("sessions", SessionWorkload, "store", "--store (a prepared KuaiRand store)",
                  "sessions (replay a prepared store)", steers_tiers=True),
     WorkloadKind("dumps", DumpWorkload, "dump_dir", "--dump-dir", "dumps (NVIDIA dump dir)",
-                 caps_histories=False),
+                 caps_histories=False, mixes_hits=True),
     WorkloadKind("timeline", TimelineWorkload, "store", "--store (a prepared KuaiRand store)",
                  "timeline (natural replay of a store in the log's time order)", natural=True),
 )}

@@ -115,3 +115,14 @@ def test_the_offload_chunk_reaches_the_cache_section(tmp_path):
                host_budget_tokens=9000, max_history=256, offload_chunk_tokens=512)
     assert c.cache.offload_chunk_tokens == 512 and c.options["offload_chunk_tokens"] == 512
     assert config(workload="dumps", dump_dir=str(tmp_path)).cache.offload_chunk_tokens == 1024
+
+
+def test_partial_hits_from_reuse_are_for_dumps_only(tmp_path):
+    from hstu_replay.plan.reuse import PartialHits
+
+    assert config(workload="dumps", dump_dir=str(tmp_path)).data.partial_hits is PartialHits.PRIME
+    assert config(workload="dumps", dump_dir=str(tmp_path), partial_hits="reuse").data.partial_hits is PartialHits.REUSE
+    with pytest.raises(ConfigError, match="--partial-hits reuse: only --workload dumps mixes full hits and misses"):
+        config(workload="sessions", store=str(tmp_path), partial_hits="reuse")
+    with pytest.raises(ConfigError, match="--partial-hits 'some': use one of prime, reuse"):
+        config(workload="dumps", dump_dir=str(tmp_path), partial_hits="some")

@@ -64,3 +64,45 @@ def test_a_dumped_user_in_flight_elsewhere_gets_a_fresh_key():
     assert step_c.prime is not None
     in_flight = set(step_a.request.user_ids.tolist()) | set(step_b.request.user_ids.tolist())
     assert not in_flight & set(step_c.request.user_ids.tolist())
+
+
+def test_partial_ratios_from_reuse_send_no_primes_and_reach_the_ratio_in_tokens():
+    """--partial-hits reuse: each dumped user is a full hit on the key it filled, or cold on a fresh key;
+    the hit tokens over the tokens sent, worked out here from the requests themselves, stay at the target."""
+    from hstu_replay.interface import history_tokens
+    from hstu_replay.plan.reuse import HitMix
+
+    p = dump_pool(12, 2)
+    dealer, held, mix = Dealer(range(len(p)), identities=pool_identities(p)), {}, HitMix()
+    a, b = (DumpSource(p, dealer, held, KeyAllocator(0, i, nonce=3), LIMITS, mix) for i in range(2))
+    filled: dict[int, int] = {}  # key -> history tokens it holds, by this test's own book
+    hit = sent = 0
+    for n in range(60):
+        for source in (a, b):
+            step = source.next_step(0.5, 4)
+            assert step.prime is None
+            for user, expected in zip(step.request.users(), step.expected_hits):
+                tokens = history_tokens(user.history_length)
+                assert expected == (tokens if filled.get(user.key) == tokens else 0)  # a full hit or nothing
+                filled[user.key] = tokens
+                if n >= 10:  # past the first pass over the dumped users (every key cold)
+                    hit, sent = hit + expected, sent + tokens
+            source.settle(step, True)
+    assert abs(hit / sent - 0.5) < 0.02
+    # the same pool at 0.5 by priming: a prime with every request
+    primed = DumpSource(p, Dealer(range(len(p)), identities=pool_identities(p)), {}, KeyAllocator(0, 3), LIMITS)
+    assert all(primed.next_step(0.5, 4).prime is not None for _ in range(5))
+
+
+def test_partial_hits_reuse_leaves_zero_and_one_as_they_were():
+    from hstu_replay.plan.reuse import HitMix
+
+    p = dump_pool(8, 1)
+    source = DumpSource(p, Dealer(range(len(p)), identities=pool_identities(p)), {}, KeyAllocator(0, 0), LIMITS,
+                        HitMix())
+    for _ in range(4):
+        step = source.next_step(0.0, 4)
+        assert step.prime is None and sum(step.expected_hits) == 0
+        source.settle(step, True)
+    full = [source.next_step(1.0, 4) for _ in range(2)]  # every key holds its user's history: full hits
+    assert all(s.prime is None and sum(s.expected_hits) == int(s.request.total_history_lengths.sum()) for s in full)

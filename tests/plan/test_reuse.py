@@ -46,3 +46,17 @@ def test_keys_are_disjoint_across_users_and_workers():
     keys = [k.new_key() for k in (a, b, c) for _ in range(100)]
     assert len(set(keys)) == len(keys)
     assert all(0 < k < 2**63 for k in keys)
+
+
+def test_a_hit_mix_keeps_the_tally_within_one_request_of_the_target():
+    from hstu_replay.plan.reuse import HitMix
+
+    mix = HitMix()
+    hits = sent = 0
+    for tokens in [206, 406, 46, 512, 300] * 20:
+        hit = mix.wants_hit(0.3, tokens)
+        mix.book(0.3, tokens if hit else 0, tokens)
+        hits, sent = hits + (tokens if hit else 0), sent + tokens
+        assert abs(hits - 0.3 * sent) <= 512 / 2  # at most half the largest request from the target
+    assert mix.wants_hit(0.7, 100)  # each target keeps its own tally: 0.7 starts afresh (a hit brings it nearer)
+    assert not HitMix().wants_hit(0.4, 100)  # 0 of 100 is nearer 0.4 than 100 of 100
