@@ -38,6 +38,7 @@ from hstu_replay.inspection import Noted, family, kill_noted, still_running
 from hstu_replay.interface import CONTROL_MODEL, INTERFACES
 
 HOST = "127.0.0.1"
+PORT_MAX = 65535  # the highest TCP port
 #: The models whose readiness says the reference server serves (it loads them one after another).
 SERVED_MODELS = (*(interface.model_name for interface in INTERFACES.values()), CONTROL_MODEL)
 STOP_GRACE_S = 60.0

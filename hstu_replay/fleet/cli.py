@@ -16,7 +16,6 @@ from hstu_replay.arguments import DEVICE, REPOSITORY, SERVE_ARGS, Option, number
 from hstu_replay.errors import ConfigError, ServerError
 
 WATCH_PERIOD_S = 0.5  # how often a serving fleet is looked at
-PORT_RANGE = (1, 65535)
 SERVERS = Option("--servers", "reference servers to start, each on ports of its own", 2)
 CACHE_BUDGET = Option("--cache-budget-tokens", "each server's KV-cache capacity in tokens (default: the server's own)")
 ROUTING_HEADER = Option("--routing-header", "the header carrying each request's route key, hashed by the gateway")
@@ -49,6 +48,9 @@ def add_commands(groups) -> None:
     ROUTING_HEADER.add_to(serve, default=DEFAULT_ROUTING_HEADER)
     Option("--gateway-grpc-port", "the gateway's gRPC port (default 0: a free one)", 0).add_to(serve, text=True)
     Option("--gateway-http-port", "the gateway's HTTP port (default 0: a free one)", 0).add_to(serve, text=True)
+    Option("--base-port", "pin the servers' ports: server i takes the four from BASE + 4 i on (HTTP, gRPC, "
+           "metrics, cache metrics; 8000 gives server 0 `server serve`'s own); default 0: free ports", 0).add_to(
+        serve, text=True)
     Option("--log-dir", "the servers' logs and the gateway's configuration and log", "runs/fleet").add_to(serve)
     serve.set_defaults(func=_serve)
 
@@ -65,8 +67,10 @@ def add_commands(groups) -> None:
     config.set_defaults(func=_gateway_config)
 
 
-def _port(flag: str, text: str, low: int = PORT_RANGE[0]) -> int:
-    return number(flag, text, low, PORT_RANGE[1], integral=True)
+def _port(flag: str, text: str, low: int = 1) -> int:
+    from hstu_replay.process import PORT_MAX
+
+    return number(flag, text, low, PORT_MAX, integral=True)
 
 
 def _gateway_config(args) -> int:
@@ -91,11 +95,12 @@ def _serve(args) -> int:
     header = routing_header(args.routing_header)
     ports = (_port("--gateway-grpc-port", args.gateway_grpc_port, 0),
              _port("--gateway-http-port", args.gateway_http_port, 0))
+    base_port = _port("--base-port", args.base_port, 0)
     serve_args = ("--device", args.device, *split_args("--serve-args", args.serve_args))
     if policy is not None:
         haproxy_binary()  # a missing HAProxy is said before the servers start
     log_dir = Path(args.log_dir)
-    fleet = LocalFleet(args.repository, servers, log_dir, budget, serve_args)
+    fleet = LocalFleet(args.repository, servers, log_dir, budget, serve_args, base_port=base_port)
     gateway = None
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())

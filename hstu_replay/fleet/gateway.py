@@ -32,7 +32,7 @@ from pathlib import Path
 from hstu_replay.client.triton import HEADER_NAME
 from hstu_replay.errors import ConfigError, ServerError
 from hstu_replay.fleet.local import Backend
-from hstu_replay.process import HOST, Child, StartFailed, free_ports
+from hstu_replay.process import HOST, PORT_MAX, Child, StartFailed, free_ports
 
 HAPROXY = "haproxy"  # Debian's package `haproxy`
 DEBIAN_SBIN = "/usr/sbin"
@@ -78,7 +78,7 @@ def routing_header(name: str) -> str:
 def host_port(text: str, what: str) -> str:
     """`host:port` checked (a port 1..65535, a host without spaces or commas); one line naming `what`."""
     host, _, port = text.strip().rpartition(":")
-    if not host or any(c.isspace() or c == "," for c in host) or not port.isdigit() or not 0 < int(port) < 65536:
+    if not host or any(c.isspace() or c == "," for c in host) or not port.isdigit() or not 0 < int(port) <= PORT_MAX:
         raise ConfigError(f"{what} {text!r}: give host:port")
     return f"{host}:{int(port)}"
 

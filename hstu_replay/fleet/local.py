@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from hstu_replay.errors import ConfigError, ServerError
-from hstu_replay.process import HOST, Ports, ServerProcess, StartFailed, Teardown, free_ports
+from hstu_replay.process import HOST, PORT_MAX, Ports, ServerProcess, StartFailed, Teardown, free_ports, port_free
 
 
 @dataclass(frozen=True)
@@ -41,11 +41,23 @@ def backend_of(server: ServerProcess) -> Backend:
     return Backend(server.grpc_url, server.http_url, f"http://{HOST}:{ports.metrics}/metrics", cache)
 
 
-def fleet_ports(count: int) -> list[Ports]:
-    """`count` sets of distinct free ports, asked for at once (asked one set at a time, a port
-    freed by one question could be the answer to the next)."""
+def fleet_ports(count: int, base_port: int = 0) -> list[Ports]:
+    """`count` sets of distinct ports. From `base_port` (not 0): server i takes the four from
+    base_port + 4 i on, in `server serve`'s order (HTTP, gRPC, metrics, cache metrics: a base of
+    8000 gives server 0 `server serve`'s own ports), each checked free now. Otherwise free ports
+    asked for at once (asked one set at a time, a port freed by one question could be the answer
+    to the next)."""
     width = len(fields(Ports))
-    ports = free_ports(count * width)
+    if base_port:
+        ports = list(range(base_port, base_port + count * width))
+        if ports[-1] > PORT_MAX:
+            raise ConfigError(f"--base-port {base_port}: {count} servers need ports up to {ports[-1]}, past {PORT_MAX}")
+        taken = [port for port in ports if not port_free(port)]
+        if taken:
+            raise ConfigError(f"--base-port {base_port}: port {taken[0]} is taken on {HOST} (the fleet needs "
+                              f"{ports[0]}-{ports[-1]})")
+    else:
+        ports = free_ports(count * width)
     return [Ports(*ports[i * width:(i + 1) * width]) for i in range(count)]
 
 
@@ -68,11 +80,11 @@ class FleetTeardown:
 class LocalFleet:
     """`servers` reference servers of `repository` on loopback, each with a KV cache of
     `cache_budget_tokens` (None: the server's default), their logs in `log_dir`; `serve_args`
-    go to every `server serve` (e.g. --device cpu). A context manager: started and ready on
+    go to every `server serve` (e.g. --device cpu); `base_port` pins the ports (`fleet_ports`). A context manager: started and ready on
     entry, stopped on exit."""
 
     def __init__(self, repository: Path | str, servers: int, log_dir: Path, cache_budget_tokens: int | None = None,
-                 serve_args: Sequence[str] = (), ready_timeout_s: float = 180.0):
+                 serve_args: Sequence[str] = (), ready_timeout_s: float = 180.0, base_port: int = 0):
         if servers < 1:
             raise ConfigError(f"--servers {servers}: a fleet has at least 1 server")
         if cache_budget_tokens is not None and cache_budget_tokens < 0:
@@ -82,7 +94,7 @@ class LocalFleet:
         budget = () if cache_budget_tokens is None else ("--cache-budget-tokens", str(cache_budget_tokens))
         self.servers = [ServerProcess.serve(repository, log_dir / f"server{i}.log", ports, *budget, *serve_args,
                                             ready_timeout_s=ready_timeout_s)
-                        for i, ports in enumerate(fleet_ports(servers))]
+                        for i, ports in enumerate(fleet_ports(servers, base_port))]
         self._teardown: FleetTeardown | None = None
 
     @property

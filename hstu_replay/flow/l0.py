@@ -25,7 +25,7 @@ from pathlib import Path
 
 from hstu_replay.errors import ConfigError, HstuReplayError, opened_by_option
 from hstu_replay.interface import PUBLISHED_LIMITS
-from hstu_replay.process import Ports, ServerProcess, StartFailed, Teardown
+from hstu_replay.process import PORT_MAX, Ports, ServerProcess, StartFailed, Teardown
 from hstu_replay.verify import DEFAULT_TOLERANCE
 
 MARKER = ".hstu-replay-flow"
@@ -129,8 +129,8 @@ def check_options(options: L0Options) -> None:
         raise ConfigError(f"--pause {options.pause_s}: use a number of seconds >= 0")
     if options.threads < 0:
         raise ConfigError(f"--threads {options.threads}: use 0 (the default policy) or a positive count")
-    if options.ports and not all(0 < p < 65536 for p in options.ports.all()):
-        raise ConfigError(f"ports {list(options.ports.all())}: use 1..65535")
+    if options.ports and not all(0 < p <= PORT_MAX for p in options.ports.all()):
+        raise ConfigError(f"ports {list(options.ports.all())}: use 1..{PORT_MAX}")
     _check_out(options.out)
     for name, path in (("--store", options.store), ("--export-from", options.export_from)):
         if path is not None and path.resolve().is_relative_to(options.out.resolve()):

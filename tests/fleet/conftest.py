@@ -11,6 +11,7 @@ import pytest
 
 from hstu_replay.fleet.gateway import find_haproxy
 from hstu_replay.fleet.local import LocalFleet
+from hstu_replay.process import port_free
 from hstu_replay.request import UserRequest
 
 needs_haproxy = pytest.mark.skipif(find_haproxy() is None,
@@ -36,3 +37,11 @@ def history_user(seed: int, items: int, key: int) -> UserRequest:
     rng = np.random.default_rng(seed)
     return UserRequest(seed, (1, 2, 3, 1, 2), rng.integers(1, 10**7, 64)[:items], rng.integers(0, 256, 64)[:items],
                        rng.integers(1, 10**7, 4), key)
+
+
+def free_base(width: int) -> int:
+    """The first of `width` consecutive ports free on loopback now (searched from 20000 up)."""
+    for base in range(20000, 60000, 97):
+        if all(port_free(port) for port in range(base, base + width)):
+            return base
+    raise AssertionError("no run of free ports on loopback")

@@ -18,7 +18,7 @@ from hstu_replay.fleet.gateway import haproxy_binary
 from hstu_replay.request import build_request
 from tests.conftest import ROOT
 from tests.conftest import alive, tree
-from tests.fleet.conftest import history_user, needs_haproxy
+from tests.fleet.conftest import free_base, history_user, needs_haproxy
 
 SERVE_START_S = 240.0
 
@@ -32,6 +32,7 @@ BACKENDS = ["--backend", "grpc=10.0.0.1:8001,http=10.0.0.1:8000", "--backend", "
     (["fleet", "serve", "--routing-header", "x route"], "--routing-header 'x route'"),
     (["fleet", "serve", "--gateway-grpc-port", "70000"], "--gateway-grpc-port '70000': must be <= 65535"),
     (["fleet", "serve", "--cache-budget-tokens", "-5"], "--cache-budget-tokens '-5': must be >= 0"),
+    (["fleet", "serve", "--base-port", "70000"], "--base-port '70000': must be <= 65535"),
     (["fleet", "serve", "--serve-args", "--threads '1"], "--serve-args"),
     (["fleet", "gateway-config"], "--backend: give one per server"),
     (["fleet", "gateway-config", *BACKENDS[:2], *BACKENDS[:2]], "address 10.0.0.1:8001 given twice"),
@@ -65,9 +66,10 @@ def test_gateway_config_is_what_haproxy_takes(capsys, tmp_path, balance):
 def test_serve_runs_until_sigterm_and_leaves_nothing(compiled_repository, tmp_path):
     out = tmp_path / "out.txt"
     with out.open("w") as stdout:
+        base = free_base(4)
         process = subprocess.Popen([sys.executable, "-m", "hstu_replay.cli", "fleet", "serve", "--servers", "1",
                                     "--repository", str(compiled_repository), "--device", "cpu", "--gateway", "hash",
-                                    "--log-dir", str(tmp_path / "fleet")],
+                                    "--base-port", str(base), "--log-dir", str(tmp_path / "fleet")],
                                    stdout=stdout, stderr=subprocess.STDOUT, cwd=ROOT, env=dict(os.environ))
     try:
         deadline = time.monotonic() + SERVE_START_S
@@ -75,6 +77,8 @@ def test_serve_runs_until_sigterm_and_leaves_nothing(compiled_repository, tmp_pa
             assert process.poll() is None and time.monotonic() < deadline, out.read_text()
             time.sleep(0.5)
         lines = out.read_text().splitlines()
+        assert f"server 0: grpc 127.0.0.1:{base + 1}  http 127.0.0.1:{base}  metrics http://127.0.0.1:{base + 2}" \
+               f"/metrics  cache metrics http://127.0.0.1:{base + 3}/metrics" in lines, lines
         gateway = next(line for line in lines if line.startswith("gateway ")).split()
         client = TritonClient(ClientOptions(url=gateway[gateway.index("grpc") + 1], route_header="x-hstu-route"))
         try:

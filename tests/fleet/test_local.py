@@ -2,20 +2,41 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from hstu_replay.client.triton import ClientOptions, TritonClient
 from hstu_replay.errors import ConfigError, ServerError
 from hstu_replay.fleet.local import LocalFleet, fleet_ports
 from hstu_replay.interface import history_tokens
+from hstu_replay.process import Ports
 from hstu_replay.request import build_request
 from tests.conftest import FLEET_BUDGET_TOKENS, FLEET_SERVERS
-from tests.fleet.conftest import history_user, served_requests
+from tests.fleet.conftest import free_base, history_user, served_requests
 
 
 def test_fleet_ports_are_all_distinct():
     ports = [port for p in fleet_ports(8) for port in p.all()]
     assert len(ports) == len(set(ports)) == 8 * 4
+
+
+def test_pinned_ports_follow_server_serves_order():
+    base = free_base(12)
+    assert fleet_ports(3, base) == [Ports(http=base + 4 * i, grpc=base + 4 * i + 1, metrics=base + 4 * i + 2,
+                                          cache_metrics=base + 4 * i + 3) for i in range(3)]
+
+
+def test_a_pinned_port_taken_is_named():
+    base = free_base(8)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", base + 5))
+        taken.listen()
+        with pytest.raises(ConfigError, match=rf"^--base-port {base}: port {base + 5} is taken on 127.0.0.1 "
+                                              rf"\(the fleet needs {base}-{base + 7}\)$"):
+            fleet_ports(2, base)
+    with pytest.raises(ConfigError, match="servers need ports up to 65536, past 65535"):
+        fleet_ports(1, 65536 - 3)
 
 
 @pytest.mark.parametrize("count", [0, -1])
