@@ -18,6 +18,7 @@ from hstu_replay.arguments import (
 )
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import PUBLISHED_LIMITS
+from hstu_replay.plan.reuse import PartialHits
 from hstu_replay.plan.workloads import WORKLOADS, one_of
 
 NO_SUSTAINABLE_STEP_EXIT = 3
@@ -35,8 +36,11 @@ PASS_THROUGH = ("--workload", "--store", "--dump-dir", "--triton-url", "--triton
 CONTROLLED = frozenset({
     "-f", "--locustfile", "--headless", "-u", "--users", "-r", "--spawn-rate", "-t", "--run-time",
     "--hit-ratios", "--batch-sizes", "--stage-seconds", "--warmup-seconds", "--arrival", "--request-rate",
-    "--report-dir", "--triton-model", *PASS_THROUGH,
+    "--report-dir", "--triton-model", "--partial-hits", *PASS_THROUGH,
 })
+#: how every step of a workload that can mix full hits and misses reaches a partial hit ratio: without a
+#: priming request per measured one, which a production server would not compute (plan.reuse.PartialHits)
+PARTIAL_HITS = PartialHits.REUSE
 
 
 def add_commands(groups) -> None:
@@ -151,6 +155,8 @@ def _workload_args(args: argparse.Namespace) -> tuple[str, ...]:
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None:
             out += [flag, str(value)]
+    if kind.mixes_hits:
+        out += ["--partial-hits", PARTIAL_HITS.value]
     return tuple(out)
 
 
@@ -247,7 +253,7 @@ def _run(args: argparse.Namespace) -> int:
     from hstu_replay.capacity.driver import check_endpoints, run_capacity
     from hstu_replay.capacity.files import write_capacity
     from hstu_replay.capacity.result import capacity_dict
-    from hstu_replay.capacity.tables import format_summary, step_line
+    from hstu_replay.capacity.tables import format_summary, step_header_line, step_line
 
     plan = plan_from_args(args)
     if args.verify_fleet:
@@ -258,10 +264,17 @@ def _run(args: argparse.Namespace) -> int:
     print(f"hstu-replay: capacity: {len(plan.hit_ratios)} hit ratio(s), up to {len(plan.loads)} step(s) of "
           f"{plan.warmup_seconds:g}+{plan.step_seconds:g} s each ({plan.load_kind.unit}), "
           f"SLO p99 <= {plan.slo.p99_ms:g} ms, error ratio <= {plan.slo.error_ratio:g}", flush=True)
-    result = run_capacity(plan, on_step=lambda ratio, step: print(step_line(ratio, step, plan.out_dir), flush=True),
-                          on_pools=lambda pools: print(f"hstu-replay: capacity: serving pools of GPU "
-                                                       f"{pools.gpu_tokens:,} and host {pools.host_tokens:,} tokens "
-                                                       f"({pools.offload_mode})", flush=True))
+    column = plan.load_kind.column
+    if not plan.pools:
+        print(step_header_line(column), flush=True)
+
+    def on_pools(pools) -> None:
+        print(f"hstu-replay: capacity: serving pools of GPU {pools.gpu_tokens:,} and host {pools.host_tokens:,} "
+              f"tokens ({pools.offload_mode})", flush=True)
+        print(step_header_line(column), flush=True)
+
+    result = run_capacity(plan, on_step=lambda ratio, step: print(step_line(ratio, step, plan.out_dir, column),
+                                                                  flush=True), on_pools=on_pools)
     checks = None
     if args.verify_fleet:
         from hstu_replay.capacity.fleet_check import check_dict, check_line, check_plan

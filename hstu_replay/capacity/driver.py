@@ -35,6 +35,7 @@ class LoadKind:
     name: str
     flag: str
     unit: str
+    column: str  # the load's column header in the step tables
     prefix: str  # of the step directory name: h0.50_u4, h0.50_r20
     integral: bool
     args: Callable[[float, "CapacityPlan"], list[str]]
@@ -54,8 +55,8 @@ def _open_loop(rate: float, plan: CapacityPlan) -> list[str]:
 
 
 LOAD_KINDS: dict[str, LoadKind] = {
-    "users": LoadKind("users", "--users-steps", "concurrent users", "u", True, _closed_loop),
-    "rate": LoadKind("rate", "--rate-steps", "offered requests/s", "r", False, _open_loop),
+    "users": LoadKind("users", "--users-steps", "concurrent users", "users", "u", True, _closed_loop),
+    "rate": LoadKind("rate", "--rate-steps", "offered requests/s", "offered req/s", "r", False, _open_loop),
 }
 
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hstu_replay.capacity.tables import POOLS_NOTE, load_text, pools_table, steps_table, summary_table, worker_lines
+from hstu_replay.capacity.tables import (
+    POOLS_NOTE, SUSTAINABLE_NOTE, load_text, pools_table, saturation_lines, steps_table, summary_table,
+    worker_lines,
+)
 from hstu_replay.output.page import escape, figures, grid, page
 from hstu_replay.output.text import cell
 
@@ -75,11 +78,11 @@ def render_html(data: dict, svgs: Mapping[str, str]) -> str:
         verdict,
         "<h2>Settings</h2>", grid(settings, text_cols=2),
         "<h2>Capacity per hit ratio</h2>",
-        "<p>Sustainable: the SLO-passing step of highest throughput. Knee: the step of highest power "
-        "(throughput / mean latency). Servers: ceil(target / sustainable logical throughput). "
+        f"<p>{escape(SUSTAINABLE_NOTE)} Knee: the step of highest power (throughput / mean latency). "
         "Workers: Locust worker processes to send the target (or, without one, the sustainable rate): "
         "ceil(requests/s x client CPU per request / share of a core per worker).</p>",
         grid(summary_table(data), text_cols=1),
+        "".join(f"<p>{escape(line)}</p>" for line in saturation_lines(data)),
         "".join(f"<p>{escape(line)}</p>" for line in worker_lines(data)),
         figures(svgs.values()),
         *((f"<h2>Users per GPU per tier budget</h2><p>{escape(POOLS_NOTE)}</p>", grid(pools_table(data), text_cols=2))

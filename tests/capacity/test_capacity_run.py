@@ -83,6 +83,8 @@ def test_plan_and_step_command_closed_loop(tmp_path):
                  "--max-history 256", "--master --expect-workers 2"):
         assert part in text, part
     assert "--arrival" not in text and "--store" not in text
+    # dumps reach a partial hit ratio without a priming request per measured one
+    assert cmd[cmd.index("--partial-hits") + 1] == "reuse"
 
 
 def test_step_command_open_loop():
@@ -90,6 +92,7 @@ def test_step_command_open_loop():
     assert plan.load_kind is LOAD_KINDS["rate"] and plan.loads == (5.0, 10.5)
     text = " ".join(step_command(plan, 0.5, 10.5, Path("x")))
     assert "-u 3 -r 3 --arrival poisson --request-rate 10.5" in text and "--workload sessions --store s" in text
+    assert "--partial-hits" not in text  # sessions grow warm keys; only dumps mix full hits and misses
     assert plan.step_name(0.5, 10.5) == "h0.50_r10.5"
 
 
@@ -171,6 +174,39 @@ def test_result_files_from_scripted_steps(tmp_path):
                    for c in p99.iter(f"{SVG}circle"))
     assert drawn == sorted((s["load"], s["p99_ms"], str(s["passed"]).lower()) for r in data["ratios"] for s in r["steps"])
     assert len(list(p99.iter(f"{SVG}path"))) == sum(not s["passed"] for r in data["ratios"] for s in r["steps"]) + 1
+
+
+def test_a_sustainable_step_below_other_passing_steps_is_explained(tmp_path):
+    """2 users carried the most; 4 and 8 also met the SLO but carried less (saturated): the summary says
+    sustainable 2, passed up to 8, and a line under it says why, in the numbers the step rows show."""
+    from hstu_replay.capacity.search import StepResult
+
+    plan = parse("--slo-p99-ms", "100", "--users-steps", "1,2,4,8", "--hit-ratios", "0.5", "--target-rps", "100",
+                 "--store", "s", "--out", str(tmp_path))
+    curve = {(0.5, 1): (20, 40, 50), (0.5, 2): (36, 45, 60), (0.5, 4): (35, 90, 95), (0.5, 8): (34.5, 95, 99)}
+    data = capacity_dict(run_capacity(plan, scripted(curve)))
+    (ratio,) = data["ratios"]
+    assert (ratio["sustainable"]["load"], ratio["within_slo"]["load"], ratio["stopped_at"]) == (2, 8, None)
+    summary = tables.summary_table(data)
+    assert summary[0][1:3] == ["sustainable", "passed up to"] and summary[1][1:3] == ["2", "8"]
+    text = tables.format_summary(data)
+    assert tables.SUSTAINABLE_NOTE in text.splitlines()
+    assert ("hit ratio 0.50: sustainable at 2 users (36.0 logical/s); 4, 8 users also met the SLO but carried "
+            "no more (35.0, 34.5 logical/s): the server was saturated") in text.splitlines()
+    steps = tables.steps_table(data)
+    assert steps[0][:5] == ["hit ratio", "users", "req/s", "logical/s", "server req/s"] and steps[0][-1] == "verdict"
+    assert [row[-1] for row in steps[1:]] == ["pass", "pass (sustainable)", "pass", "pass"]
+    page = files.write_capacity(run_capacity(plan, scripted(curve)))["html"].read_text()
+    assert "passed up to" in page and "4, 8 users also met the SLO but carried no more" in page
+    # the progress lines on the terminal sit under a header of the same columns
+    header = tables.step_header_line("users")
+    line = tables.step_line(0.5, StepResult(scripted(curve)(plan, 0.5, 4)), tmp_path, "users")
+    assert header.split()[:3] == ["hit", "ratio", "users"] and line.split()[:4] == ["0.50", "4", "35.0", "35.0"]
+    for name in ("users", "logical/s", "p99 ms", "verdict"):
+        column = header.index(name) + len(name)  # figures are right-aligned under their header's end
+        if name != "verdict":
+            assert line[column - 1] != " " and line[column] == " ", name
+    assert tables.step_header_line("offered req/s").split()[2:4] == ["offered", "req/s"]
 
 
 def test_pools_are_every_gpu_and_host_pair():
