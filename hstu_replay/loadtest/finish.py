@@ -11,6 +11,7 @@ from hstu_replay.report.fleet_section import fleet_section, fleet_table, gateway
 from hstu_replay.report.tier_section import shows_tiers, tier_table
 from hstu_replay.output.files import jsonable
 from hstu_replay.output.text import format_table
+from hstu_replay.report.outcome import cause_lines, outcome_line
 from hstu_replay.report.summary import build_report, flagged_stages, latency_table
 from hstu_replay.report.thresholds import evaluate, verdict
 from hstu_replay.report.worker_events import loss_lines, with_workers
@@ -64,7 +65,7 @@ def _written(environment) -> tuple[dict, dict]:
     c = run.config
     report = current_report(environment)
     thresholds = c.report.thresholds
-    report["thresholds"] = None if thresholds.empty else verdict(evaluate(report, thresholds))
+    report["thresholds"] = None if thresholds.empty else verdict(evaluate(report, thresholds), thresholds.described())
     out = Path(c.report.report_dir)
     if run.rows is not None:  # a natural replay: the hit ratio each request met
         from hstu_replay.report.natural import natural_section, write_natural_csv
@@ -112,10 +113,15 @@ def write_final_report(environment) -> dict:
     for stage in flagged_stages(report):
         reasons = "; ".join(f"{f['flag']}: {f['reason']}" for f in stage["flags"])
         print(f"hstu-replay: warning: stage {stage['name']} is not solid ({reasons})", file=sys.stderr, flush=True)
+    for line in cause_lines(report):
+        print(f"hstu-replay: {line}", file=sys.stderr, flush=True)
     if not report["run"]["reports_hits"] and report["run"]["caches"]:
         print("hstu-replay: note: the server does not report its cache hits; achieved hit ratios are the "
               "client's cache model (predicted)", file=sys.stderr, flush=True)
     outcome = report["thresholds"]
+    summary = outcome_line(report)  # the FAIL line below says why where there is none
+    if summary is not None:
+        print(f"hstu-replay: {summary}", flush=True)
     if not any(b["requests"] for b in report["bins"]):
         print("hstu-replay: error: no request was measured (see the errors above)", file=sys.stderr, flush=True)
         environment.process_exit_code = 1

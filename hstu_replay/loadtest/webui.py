@@ -27,7 +27,7 @@ TAB_SCRIPT = Path(__file__).with_name("webui_tab.js")
 COLUMNS = [("bin", "Stage"), ("batch", "Batch"), ("target", "Target hit ratio"), ("achieved", "Achieved hit ratio"),
            ("source", "Achieved from"), ("requests", "Requests"), ("primes", "Primes"), ("rps", "Req/s"),
            ("server_rps", "Server req/s"), ("mean", "Mean ms"), ("p50", "p50 ms"), ("p99", "p99 ms"),
-           ("speedup", "Speed-up"), ("mismatches", "Mismatches"), ("flags", "Flags")]
+           ("speedup", "Speed-up"), ("errors", "Errors"), ("mismatches", "Mismatches"), ("flags", "Flags")]
 
 
 def tab_report(environment) -> dict | None:
@@ -53,7 +53,8 @@ def rows(report: dict) -> list[dict]:
              "achieved": _fmt(b["achieved_ratio"], ".3f"), "source": source_label(b["hit_source"]),
              "requests": b["requests"], "primes": b["prime_requests"], "rps": _fmt(b["throughput_rps"], ".1f"),
              "server_rps": _fmt(b["server_rps"], ".1f"), "mean": _fmt(b["mean_ms"]), "p50": _fmt(b["p50_ms"]),
-             "p99": _fmt(b["p99_ms"]), "speedup": _fmt(b["speedup"]), "mismatches": b["mismatches"],
+             "p99": _fmt(b["p99_ms"]), "speedup": _fmt(b["speedup"]), "errors": b["errors"],
+             "mismatches": b["mismatches"],
              "flags": reasons.get(b["name"]) or "ok"} | tiers.get(b["name"], {})
             for b in report["bins"]]
 

@@ -1,7 +1,9 @@
-"""Which stages' figures are not solid, and why: too few samples, a missed hit ratio, a busy client.
+"""Which stages' figures are not solid, and why: failed requests, wrong answers, too few samples,
+a missed hit ratio, a busy client.
 
 A flag never hides a figure: the stage keeps its numbers and carries the flags beside them in
-every output; a run with thresholds fails on any flagged stage (report.thresholds).
+every output; a run with thresholds fails on any flagged stage, but for the failures a threshold
+set to count them allows (report.thresholds).
 """
 
 from __future__ import annotations
@@ -20,8 +22,15 @@ RATIO_TOLERANCE = 0.005
 #: A server whose p99 exceeds this many times the median p99 of the others breaks alone: the hot shard.
 HOT_SHARD_P99_FACTOR = 2.0
 
+ERRORS = "errors"  # a measured request of the stage got no answer
+MISMATCHES = "mismatches"  # an answer of the stage differed from its reference
+
 #: What each flag means for the stage's figures, in words (reports explain the flags they show).
+#: The failures come first: they outrank every other flag of a stage.
 FLAG_MEANINGS = {
+    ERRORS: "measured requests failed (no answer: an error, a timeout, a malformed answer): the figures are "
+            "those of the requests that were answered; the causes are in the errors",
+    MISMATCHES: "answers differed from their reference by more than --tolerance: the stage measured wrong answers",
     "thin": "fewer measured requests than --min-stage-requests: its percentiles rest on too few samples",
     "off-target": "the achieved hit ratio lies farther from the target than max(0.005, one cache page / mean "
                   "history tokens), or (steered by --tier-mix) the share of users of a tier lies more than 0.02 "
@@ -56,6 +65,10 @@ def ratio_tolerance(mean_history_tokens: float, page_tokens: int) -> float:
 def stage_flags(key: BinKey, s: BinStats, rules: StageRules) -> list[dict]:
     """[{"flag": name, "reason": one line}] for the stage; empty when its figures are solid."""
     flags = []
+    if s.errors:
+        flags.append((ERRORS, f"{s.errors} of {s.requests + s.errors} measured requests failed"))
+    if s.mismatches:
+        flags.append((MISMATCHES, f"{s.mismatches} of {s.verified} verified answers differ from their reference"))
     if s.requests < rules.min_requests:
         flags.append(("thin", f"{s.requests} measured requests < {rules.min_requests}"))
     if s.requests and rules.tier_mix:

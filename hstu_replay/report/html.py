@@ -37,9 +37,9 @@ def _verdict(thresholds: Mapping | None) -> str:
     passed = bool(thresholds.get("passed"))
     label = "PASSED" if passed else "FAILED"
     parts = [f'<p class="verdict {"pass" if passed else "fail"}">Thresholds: {label}</p>']
-    violations = thresholds.get("violations") or []
-    if violations:
-        parts.append("<ul>" + "".join(f"<li>{escape(v)}</li>" for v in violations) + "</ul>")
+    listed = thresholds.get("violations") or ([f"met: {c}" for c in thresholds.get("checked") or ()] if passed else [])
+    if listed:
+        parts.append("<ul>" + "".join(f"<li>{escape(v)}</li>" for v in listed) + "</ul>")
     return "".join(parts)
 
 
@@ -157,7 +157,9 @@ def _flags(stages: list[dict]) -> str:
     items = "".join(f"<dt>{escape(flag)} ({escape(', '.join(names))})</dt>"
                     f"<dd>{escape(FLAG_MEANINGS.get(flag, 'see the reasons in the stage table'))}</dd>"
                     for flag, names in seen.items())
-    return (f"<p>A flagged stage keeps its figures; with thresholds set it fails the run.</p><dl>{items}</dl>")
+    return ("<p>A flagged stage keeps its figures; with thresholds set it fails the run, but for errors and "
+            "mismatches where --max-error-ratio or --max-mismatches is set to judge them.</p>"
+            f"<dl>{items}</dl>")
 
 
 def _verification(report: dict) -> str:
@@ -179,11 +181,18 @@ def _server(bins: list[dict]) -> str:
     return table(["bin", *keys], rows, text_cols=1)
 
 
-def _errors(errors: Mapping[str, int]) -> str:
+def _errors(report: Mapping) -> str:
+    """Failures by cause, most frequent first: the count, the cause (the message with what is
+    particular to one request as placeholders) and one whole message of it, each read in full."""
+    errors, examples = report["errors"], report["error_examples"]
     if not errors:
         return "<p>No errors.</p>"
-    rows = sorted(errors.items(), key=lambda kv: (-kv[1], kv[0]))
-    return table(["reason", "count"], rows, text_cols=1)
+    items = "".join(f"<dt>{n:,} &times; {escape(cause)}</dt><dd>e.g. {escape(examples.get(cause))}</dd>"
+                    for cause, n in errors.items())
+    causes = f"{len(errors)} cause" + ("s" if len(errors) != 1 else "")
+    return (f"<p>{sum(errors.values()):,} failures of {causes}, most frequent first: user ids, keys, "
+            f"lengths, numbers and addresses read as placeholders, one whole message of each below it.</p>"
+            f"<dl>{items}</dl>")
 
 
 TIERS_NOTE = ("<p>Token hit ratio per tier (reused tokens found on the GPU, onboarded from the host, over the "
@@ -230,7 +239,7 @@ def render_html(report: dict) -> str:
         "<h2>Flags</h2>", _flags(report["stages"]),
         "<h2>Verification</h2>", _verification(report),
         "<h2>Server-side figures</h2>", _server(report["bins"]),
-        "<h2>Errors</h2>", _errors(report["errors"]),
+        "<h2>Errors</h2>", _errors(report),
         "<h2>Run</h2>", _run(run),
         "<h2>Options</h2>", _options(run.get("options")),
     ]

@@ -143,6 +143,7 @@ def build_report(
     items = sorted(stats.bins.items())
     baselines = {k.batch_size: s.latency.mean_ms for k, s in items if k.goal_ratio == 0.0}
     when = (created or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    causes = sorted(stats.errors.items(), key=lambda kv: (-kv[1].count, kv[0]))  # most frequent first
     report = {
         "tool": "hstu-replay",
         "version": hstu_replay.__version__,
@@ -159,7 +160,8 @@ def build_report(
         "primes": {"requests": sum(s.prime_requests for _, s in items),
                    "failures": sum(s.prime_failures for _, s in items)},
         "warmup_requests": stats.warmup_requests,
-        "errors": dict(sorted(stats.errors.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "errors": {cause: counted.count for cause, counted in causes},
+        "error_examples": {cause: counted.example for cause, counted in causes},
         "thresholds": None,
     }
     return jsonable(report)
@@ -174,8 +176,8 @@ def flagged_stages(report: dict) -> list[dict]:
 
 #: How each hit-ratio source reads in tables.
 
-TABLE_HEADER = ["batch", "target", "achieved", "from", "requests", "primes", "req/s", "server req/s", "mean ms",
-                "ms/logical", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "speed-up", "flags"]
+TABLE_HEADER = ["batch", "target", "achieved", "from", "requests", "errors", "mismatches", "primes", "req/s",
+                "server req/s", "mean ms", "ms/logical", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "speed-up", "flags"]
 
 
 def goal_name(ratio: float | None) -> str:
@@ -193,6 +195,8 @@ def latency_table(report: dict) -> list[list[str]]:
             fmt(b["achieved_ratio"], ".3f"),
             SOURCE_MARK[b["hit_source"]],
             str(b["requests"]),
+            str(b["errors"]),
+            str(b["mismatches"]),
             str(b["prime_requests"]),
             fmt(b["throughput_rps"], ".1f"),
             fmt(b["server_rps"], ".1f"),

@@ -1,7 +1,9 @@
 """CI thresholds: limits on a report whose violations make the run fail.
 
 A limit that names a hit ratio no bin has is itself a violation: a sweep that silently lost
-the stage a gate was written for must not pass.
+the stage a gate was written for must not pass. With any threshold set, a flagged stage fails
+the run too, but for the flags of failures (`errors`, `mismatches`) where a threshold that
+allows some of them is set (`ALLOWED_BY`): that threshold alone judges them, once.
 """
 
 from __future__ import annotations
@@ -11,8 +13,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hstu_replay.errors import ConfigError
+from hstu_replay.report.flags import ERRORS, MISMATCHES
 
 _RATIO_TOL = 1e-9
+
+#: The flags of failures, and the thresholds (fields of Thresholds) that allow some of them: with
+#: one of those set, the flag does not fail the run by itself (--max-error-ratio counts wrong
+#: answers as failures too).
+ALLOWED_BY = {ERRORS: ("max_error_ratio",), MISMATCHES: ("max_mismatches", "max_error_ratio")}
 
 
 @dataclass(frozen=True)
@@ -25,8 +33,23 @@ class Thresholds:
 
     @property
     def empty(self) -> bool:
-        return (self.max_mismatches is None and self.max_error_ratio is None and self.max_workers_lost is None
-                and not self.max_p99_ms and not self.min_speedup)
+        return not self.described()
+
+    def allows(self, flag: str) -> bool:
+        """Whether a threshold set judges the failures `flag` names (see ALLOWED_BY)."""
+        return any(getattr(self, name) is not None for name in ALLOWED_BY.get(flag, ()))
+
+    def described(self) -> list[str]:
+        """Each limit set, in words: "p99 <= 250 ms", "speed-up >= 1.5x at hit ratio 1.00"."""
+        out = [f"mismatches <= {self.max_mismatches}"] if self.max_mismatches is not None else []
+        if self.max_error_ratio is not None:
+            out.append(f"error ratio <= {self.max_error_ratio:g}")
+        out += [f"p99 <= {ms:g} ms" + ("" if ratio is None else f" at hit ratio {_hr(ratio)}")
+                for ratio, ms in self.max_p99_ms.items()]
+        out += [f"speed-up >= {minimum:g}x at hit ratio {_hr(ratio)}" for ratio, minimum in self.min_speedup.items()]
+        if self.max_workers_lost is not None:
+            out.append(f"workers lost <= {self.max_workers_lost}")
+        return out
 
 
 # -- parsing ----------------------------------------------------------------------------------
@@ -178,10 +201,11 @@ def _speedup_violations(bins: list[dict], minimums: dict[float, float]) -> list[
 
 def evaluate(report: dict, thresholds: Thresholds) -> list[str]:
     """One line per violated threshold; an empty list means the run passes. With any threshold
-    set, a stage whose figures are flagged as not solid fails the run too (naming why)."""
+    set, a stage whose figures are flagged as not solid fails the run too (naming why), but for
+    failures a threshold set allows (`Thresholds.allows`)."""
     bins = report["bins"]
     out: list[str] = [f"stage {s['name']} is {f['flag']}: {f['reason']}"
-                      for s in report["stages"] for f in s["flags"]]
+                      for s in report["stages"] for f in s["flags"] if not thresholds.allows(f["flag"])]
     if thresholds.max_mismatches is not None:
         n = report["verification"]["mismatches"]
         if n > thresholds.max_mismatches:
@@ -196,7 +220,7 @@ def evaluate(report: dict, thresholds: Thresholds) -> list[str]:
     return out
 
 
-def verdict(violations: Iterable[str]) -> dict:
-    """What goes into report["thresholds"]."""
+def verdict(violations: Iterable[str], checked: Iterable[str] = ()) -> dict:
+    """What goes into report["thresholds"]: `checked` are the limits set, in words (`Thresholds.described`)."""
     violations = list(violations)
-    return {"passed": not violations, "violations": violations}
+    return {"passed": not violations, "violations": violations, "checked": list(checked)}

@@ -10,9 +10,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
+from hstu_replay.stats.causes import ErrorCause, cause_of
 from hstu_replay.stats.histogram import LatencyHistogram
 
-MAX_ERROR_REASONS = 100  # distinct failure reasons kept per process; the rest are pooled
+MAX_ERROR_REASONS = 100  # distinct failure causes kept per process; the rest are pooled
+FURTHER_CAUSES = "(further distinct causes not listed)"
 
 
 def ratio_name(ratio: float) -> str:
@@ -161,7 +163,7 @@ MERGE_MAX = {"last_end", "client_cpu_peak"}
 class RunStats:
     bins: dict[BinKey, BinStats] = field(default_factory=dict)
     warmup_requests: int = 0
-    errors: dict[str, int] = field(default_factory=dict)  # one-line reason -> count
+    errors: dict[str, ErrorCause] = field(default_factory=dict)  # a failure's cause (causes.cause_of) -> count, example
     servers: dict[tuple[BinKey, int], BinStats] = field(default_factory=dict)  # a fleet's: (stage, server)
 
     def bin(self, key: BinKey) -> BinStats:
@@ -176,10 +178,19 @@ class RunStats:
             self.servers[at] = BinStats()
         return self.servers[at]
 
-    def count_error(self, reason: str) -> None:
-        if reason not in self.errors and len(self.errors) >= MAX_ERROR_REASONS:
-            reason = "(further distinct reasons not listed)"
-        self.errors[reason] = self.errors.get(reason, 0) + 1
+    def count_error(self, message: str) -> None:
+        """One failure, counted under its cause; the first message of a cause is its example."""
+        cause = cause_of(message)
+        if cause not in self.errors and len(self.errors) >= MAX_ERROR_REASONS:
+            cause = FURTHER_CAUSES
+        self._add_error(cause, ErrorCause(1, message))
+
+    def _add_error(self, cause: str, counted: ErrorCause) -> None:
+        mine = self.errors.get(cause)
+        if mine is None:
+            self.errors[cause] = ErrorCause(counted.count, counted.example)
+        else:
+            mine.count += counted.count
 
     def merge(self, other: RunStats) -> None:
         for key, stats in other.bins.items():
@@ -187,14 +198,14 @@ class RunStats:
         for (key, server), stats in other.servers.items():
             self.server_bin(key, server).merge(stats)
         self.warmup_requests += other.warmup_requests
-        for reason, n in other.errors.items():
-            self.errors[reason] = self.errors.get(reason, 0) + n
+        for cause, counted in other.errors.items():
+            self._add_error(cause, counted)
 
     def to_dict(self) -> dict:
         return {
             "bins": [[k.batch_size, k.goal_ratio, v.to_dict()] for k, v in sorted(self.bins.items())],
             "warmup_requests": self.warmup_requests,
-            "errors": dict(self.errors),
+            "errors": {cause: counted.to_dict() for cause, counted in self.errors.items()},
             "servers": [[k.batch_size, k.goal_ratio, i, v.to_dict()] for (k, i), v in sorted(self.servers.items())],
         }
 
@@ -203,7 +214,7 @@ class RunStats:
         return cls(
             bins={BinKey(int(b), float(r)): BinStats.from_dict(v) for b, r, v in d["bins"]},
             warmup_requests=d["warmup_requests"],
-            errors=dict(d["errors"]),
+            errors={cause: ErrorCause.from_dict(counted) for cause, counted in d["errors"].items()},
             servers={(BinKey(int(b), float(r)), int(i)): BinStats.from_dict(v) for b, r, i, v in d.get("servers", ())},
         )
 

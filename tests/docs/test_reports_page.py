@@ -8,6 +8,7 @@ from hstu_replay.report.flags import FLAG_MEANINGS
 from hstu_replay.report.summary import build_report
 from hstu_replay.report.tier_section import TIER_COLUMNS
 from hstu_replay.report.writers import report_csv
+from hstu_replay.stats.causes import ErrorCause
 from hstu_replay.stats.histogram import LatencyHistogram
 from hstu_replay.stats.run_stats import BinKey, BinStats, RunStats
 
@@ -15,7 +16,7 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "reports.md"
 
 
 def _report() -> dict:
-    stats = RunStats(warmup_requests=3, errors={"timeout": 1})
+    stats = RunStats(warmup_requests=3, errors={"timeout": ErrorCause(1, "timeout")})
     for key in (BinKey(1, 0.0), BinKey(8, 0.5)):
         stats.bins[key] = BinStats(latency=LatencyHistogram.of([0.001, 0.002]), requests=2, logical_requests=2 * key.batch_size,
                                    history_tokens=1000, first_start=0.0, last_end=2.0)

@@ -83,7 +83,7 @@ def test_tab_rows_carry_target_provenance_and_flag_reasons():
         return {"name": name, "batch_size": 8, "target_ratio": target, "achieved_ratio": achieved,
                 "hit_source": source, "requests": 3, "prime_requests": 2, "throughput_rps": 1.25,
                 "server_rps": 2.5, "mean_ms": 10.0, "p50_ms": 9.996, "p99_ms": None, "speedup": None,
-                "mismatches": 0}
+                "errors": 1, "mismatches": 0}
 
     report = {"bins": [bin_("b8_h0.50", 0.5, 0.4567, "predicted"), bin_("b8_h1.00", 1.0, 1.0, "observed"),
                        bin_("b8_natural", None, 0.8, "observed")],  # a natural replay has no target
@@ -96,6 +96,7 @@ def test_tab_rows_carry_target_provenance_and_flag_reasons():
         "b8_h0.50", 8, "0.5", "0.457", "client cache model (predicted)")
     assert (first["rps"], first["server_rps"], first["p50"], first["p99"], first["speedup"]) == (
         "1.2", "2.5", "10.00", "", "")  # 1.25 rounds half to even; null figures stay empty
+    assert (first["errors"], first["mismatches"]) == (1, 0)
     assert first["flags"] == "thin: 3 measured requests < 30; off-target: 0.457 is 0.043 away"
     assert (second["source"], second["flags"]) == ("server-reported (observed)", "ok")
     assert (natural["target"], natural["achieved"]) == ("natural", "0.800")

@@ -63,3 +63,44 @@ def test_thresholds_fail_on_a_flagged_stage_naming_it():
     assert evaluate(report, parse_thresholds(max_mismatches=0)) == [
         "stage b8_h0.50 is thin: 4 measured requests < 30"]
     assert [b["flags"] for b in report["bins"]] == [[], ["thin"]]
+
+
+def test_failed_requests_and_wrong_answers_flag_the_stage_before_anything_else():
+    # 163 of 209 sent got no answer; 2 of the 46 answered were checked and found wrong
+    s = stage(requests=46, errors=163, verified=46, mismatches=2)
+    assert stage_flags(BinKey(1, 0.5), s, RULES)[:2] == [
+        {"flag": "errors", "reason": "163 of 209 measured requests failed"},
+        {"flag": "mismatches", "reason": "2 of 46 verified answers differ from their reference"}]
+    # every request failed: errors first, thin after it (nothing was measured)
+    assert names(BinStats(errors=12)) == ["errors", "thin"]
+    # every answer wrong (a dump of other weights), and plenty of them
+    assert names(stage(requests=200, verified=200, mismatches=200)) == ["mismatches"]
+    assert names(stage(verified=100)) == []
+
+
+def _failing_report() -> dict:
+    """b8_h0.50: 10 of 110 sent got no answer; b8_h1.00: 3 of its 100 answers wrong."""
+    stats = RunStats()
+    stats.bins[BinKey(8, 0.5)] = stage(requests=100, errors=10, verified=100)
+    stats.bins[BinKey(8, 1.0)] = stage(requests=100, achieved=1.0, verified=100, mismatches=3)
+    return build_report(stats, {}, rules=RULES)
+
+
+def test_failures_fail_a_run_with_thresholds_once_by_their_flag():
+    report = _failing_report()
+    assert [b["flags"] for b in report["bins"]] == [["errors"], ["mismatches"]]
+    assert evaluate(report, parse_thresholds(max_workers_lost=0)) == [  # no threshold allows any failure
+        "stage b8_h0.50 is errors: 10 of 110 measured requests failed",
+        "stage b8_h1.00 is mismatches: 3 of 100 verified answers differ from their reference"]
+
+
+def test_a_threshold_that_allows_failures_alone_judges_them():
+    report = _failing_report()
+    # --max-error-ratio counts both: (10 + 3) / (110 + 100) = 0.062
+    assert evaluate(report, parse_thresholds(max_error_ratio="0.1")) == []
+    assert evaluate(report, parse_thresholds(max_error_ratio="0.05")) == ["error ratio 0.062 > 0.05"]
+    # --max-mismatches judges the wrong answers; the failed requests still fail the run by their flag
+    assert evaluate(report, parse_thresholds(max_mismatches=3)) == [
+        "stage b8_h0.50 is errors: 10 of 110 measured requests failed"]
+    assert evaluate(report, parse_thresholds(max_mismatches=2)) == [
+        "stage b8_h0.50 is errors: 10 of 110 measured requests failed", "3 mismatches > 2 allowed"]

@@ -21,7 +21,8 @@ def _stage(name, batch, target, flags=()):
 
 def _bin(name, batch, target, p50, speedup):
     return {"name": name, "batch_size": batch, "target_ratio": target, "achieved_ratio": target,
-            "hit_source": "predicted", "requests": 12, "prime_requests": 0, "throughput_rps": 6.0,
+            "hit_source": "predicted", "requests": 12, "errors": 0, "mismatches": 0, "prime_requests": 0,
+            "throughput_rps": 6.0,
             "server_rps": 6.0, "mean_ms": p50, "ms_per_logical_request": p50, "p50_ms": p50, "p90_ms": p50,
             "p99_ms": p50 * 2, "p999_ms": p50 * 2, "speedup": speedup, "flags": [], "server": None}
 
@@ -41,7 +42,8 @@ def report() -> dict:
                                                ("off-target", "achieved 0.9 is 0.1 from its target 1")])],
         "bins": [_bin("b1_h0.00", 1, 0.0, 10.0, 1.0), _bin("b1_h1.00", 1, 1.0, 4.0, 2.5)],
         "verification": {"verified": 24, "mismatches": 0, "tolerance": 0.0625},
-        "primes": {"requests": 0, "failures": 0}, "warmup_requests": 3, "errors": {}, "thresholds": None,
+        "primes": {"requests": 0, "failures": 0}, "warmup_requests": 3, "errors": {}, "error_examples": {},
+        "thresholds": None,
     }
 
 
@@ -117,3 +119,30 @@ def test_charts_inline_before_the_tables(report):
     assert latency < speedup < stages
     assert page.count('class="point"') == 2 * 2 + 2  # p50 and p99 per stage, then speed-ups
     assert "client cache model (predicted)" in page
+
+
+def test_failures_read_by_stage_and_by_cause_in_full(report):
+    # stage b1_h1.00: 163 of 175 requests sent got no answer, of one cause; one of its 12 answers was wrong
+    cause = "INVALID_ARGUMENT: user <id>: history of <n> items exceeds <n>"
+    mismatch = "mismatch in batch_<n> user <id>; ...: user <id> max |diff| <n> > <n>"
+    report["bins"][1].update(errors=163, mismatches=1)
+    report["stages"][1]["flags"] = [{"flag": "errors", "reason": "163 of 175 measured requests failed"},
+                                    {"flag": "mismatches", "reason": "1 of 12 verified answers differ from their reference"}]
+    report["errors"] = {cause: 163, mismatch: 1}
+    report["error_examples"] = {cause: "INVALID_ARGUMENT: user 4417: history of 5120 items exceeds 4096",
+                                mismatch: "mismatch in batch_000002 user 3; batch_000002 user 4: user 1234 max |diff| "
+                                          "1 > 0.0625"}
+    text = _text(render_html(report))
+    assert "errors mismatches primes" in text  # the latency table's columns beside requests
+    assert "1 1 1.000 model 12 163 1 0 " in text  # batch, target, achieved, from, requests, errors, mismatches, primes
+    assert f"errors (b1_h1.00) {FLAG_MEANINGS['errors']}" in text
+    assert "164 failures of 2 causes" in text
+    assert ("163 &times; INVALID_ARGUMENT: user &lt;id&gt;: history of &lt;n&gt; items exceeds &lt;n&gt; "
+            "e.g. INVALID_ARGUMENT: user 4417: history of 5120 items exceeds 4096") in text
+    assert "1 &times; mismatch in batch_&lt;n&gt; user &lt;id&gt;; ...: user" in text
+
+
+def test_a_passing_verdict_names_the_thresholds_met(report):
+    report["thresholds"] = {"passed": True, "violations": [], "checked": ["p99 <= 250 ms", "mismatches <= 0"]}
+    text = _text(render_html(report))
+    assert "Thresholds: PASSED met: p99 &lt;= 250 ms met: mismatches &lt;= 0" in text

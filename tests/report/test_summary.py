@@ -5,6 +5,7 @@ import pytest
 
 import hstu_replay
 from hstu_replay.report.summary import build_report, latency_table
+from hstu_replay.stats.causes import ErrorCause
 from hstu_replay.stats.histogram import LatencyHistogram
 from hstu_replay.stats.run_stats import BinKey, BinStats, RunStats
 
@@ -17,7 +18,8 @@ def _bin(ms, **counts) -> BinStats:
 
 def hand_stats() -> RunStats:
     """Four bins with hand-worked figures (see the assertions)."""
-    stats = RunStats(warmup_requests=12, errors={"timeout": 2, "HTTP 500": 5})
+    stats = RunStats(warmup_requests=12, errors={"timeout": ErrorCause(2, "timeout"),
+                                                    "HTTP 500": ErrorCause(5, "HTTP 500")})
     # below 2.048 ms the histogram is exact
     stats.bins[BinKey(1, 0.0)] = _bin([0.4, 0.8, 1.2, 1.6], errors=1, logical_requests=4,
                                       history_tokens=1000, first_start=100.0, last_end=102.0)
@@ -52,6 +54,7 @@ def test_header_and_totals():
     assert r["primes"] == {"requests": 7, "failures": 1}
     assert r["warmup_requests"] == 12
     assert list(r["errors"].items()) == [("HTTP 500", 5), ("timeout", 2)]  # most frequent first
+    assert list(r["error_examples"].items()) == [("HTTP 500", "HTTP 500"), ("timeout", "timeout")]
     assert r["thresholds"] is None
 
 
@@ -127,13 +130,16 @@ def test_server_figures_attach_by_bin_name():
 
 def test_latency_table_rows():
     rows = latency_table(hand_report())
-    assert rows[0] == ["batch", "target", "achieved", "from", "requests", "primes", "req/s", "server req/s",
-                       "mean ms", "ms/logical", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "speed-up", "flags"]
-    assert rows[2] == ["1", "1", "0.900", "server", "4", "0", "1.0", "1.0", "0.50", "0.500", "0.40", "0.80", "0.80",
-                       "0.80", "2.00x", "thin"]
-    assert rows[3][2:8] == ["0.550", "model", "4", "7", "0.5", "1.4"]  # 11 server requests in 8 s
-    assert rows[3][8:10] == ["25.00", "3.125"]  # 25 ms for a request of 8 users
-    assert rows[4][2:] == ["-", "-", "0", "0", "-", "-", "-", "-", "-", "-", "-", "-", "-", "thin"]
+    assert rows[0] == ["batch", "target", "achieved", "from", "requests", "errors", "mismatches", "primes", "req/s",
+                       "server req/s", "mean ms", "ms/logical", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "speed-up",
+                       "flags"]
+    assert rows[1][4:7] == ["4", "1", "0"] and rows[1][-1] == "errors,thin"  # 1 request of 5 got no answer
+    assert rows[2] == ["1", "1", "0.900", "server", "4", "0", "1", "0", "1.0", "1.0", "0.50", "0.500", "0.40", "0.80",
+                       "0.80", "0.80", "2.00x", "mismatches,thin"]  # 1 of its 4 answers was wrong
+    assert rows[3][2:10] == ["0.550", "model", "4", "0", "0", "7", "0.5", "1.4"]  # 11 server requests in 8 s
+    assert rows[3][10:12] == ["25.00", "3.125"]  # 25 ms for a request of 8 users
+    assert rows[3][-1] == "thin"  # a failed prime is not a measured request that failed
+    assert rows[4][2:] == ["-", "-", "0", "0", "0", "0", "-", "-", "-", "-", "-", "-", "-", "-", "-", "thin"]
 
 
 def test_ms_per_logical_request_is_the_mean_over_the_users_of_a_request():

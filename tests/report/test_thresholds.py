@@ -120,5 +120,13 @@ def test_ratio_matching_tolerates_float_noise():
 
 
 def test_verdict():
-    assert verdict([]) == {"passed": True, "violations": []}
-    assert verdict(iter(["x"])) == {"passed": False, "violations": ["x"]}
+    assert verdict([]) == {"passed": True, "violations": [], "checked": []}
+    assert verdict(iter(["x"]), ["p99 <= 250 ms"]) == {"passed": False, "violations": ["x"], "checked": ["p99 <= 250 ms"]}
+
+
+def test_each_limit_set_reads_in_words():
+    t = parse_thresholds(max_mismatches=0, max_error_ratio="0.01", max_p99_ms="250,1.0:120", min_speedup="0.9:1.3",
+                         max_workers_lost=1)
+    assert t.described() == ["mismatches <= 0", "error ratio <= 0.01", "p99 <= 250 ms", "p99 <= 120 ms at hit ratio 1.00",
+                             "speed-up >= 1.3x at hit ratio 0.90", "workers lost <= 1"]
+    assert Thresholds().described() == [] and Thresholds().empty and not t.empty

@@ -12,6 +12,7 @@ from hstu_replay.report.html import render_html
 from hstu_replay.report.summary import build_report
 from hstu_replay.report.thresholds import evaluate, parse_thresholds, verdict
 from hstu_replay.report.writers import WRITERS, write_reports
+from hstu_replay.stats.causes import ErrorCause
 from hstu_replay.stats.histogram import LatencyHistogram
 from hstu_replay.stats.run_stats import BinKey, BinStats, RunStats
 
@@ -27,7 +28,7 @@ def _bin(ms, **kw) -> BinStats:
 
 @pytest.fixture
 def report() -> dict:
-    stats = RunStats(errors={EVIL: 1, "timeout": 4})
+    stats = RunStats(errors={EVIL: ErrorCause(1, EVIL), "timeout": ErrorCause(4, "timeout")})
     stats.bins[BinKey(1, 0.0)] = _bin([0.4, 0.8, 1.2, 1.6], history_tokens=100, errors=1)
     stats.bins[BinKey(1, 1.0)] = _bin([0.2, 0.4, 0.6, 0.8], history_tokens=100,
                                       predicted_hits=100, verified=4)

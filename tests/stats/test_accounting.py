@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from hstu_replay.stats.accounting import Accountant, Outcome, Sent
+from hstu_replay.stats.causes import ErrorCause
 from hstu_replay.stats.run_stats import BinKey, RunStats
 from hstu_replay.verify import Verdict
 
@@ -49,7 +50,7 @@ def test_primes_measured_and_wrong_answers_land_in_the_stage():
     assert (b.observed_hits, b.observed_tokens, b.hit_disagreements, b.hits_lost) == (140, 160, 1, 1)
     assert b.hit_source == "predicted"  # not every measured request carried a server report
     assert stats.warmup_requests == 1
-    assert stats.errors == {"mismatch in x": 1, "timeout": 1}
+    assert stats.errors == {"mismatch in x": ErrorCause(1, "mismatch in x"), "timeout": ErrorCause(1, "timeout")}
     assert [r["kind"] for r in records] == ["prime", "measure", "measure", "measure", "measure", "warmup"]
     assert records[1]["keys"] == [100, 101] and records[1]["worker"] == 1
     assert records[3]["mismatch"] is True
@@ -59,7 +60,7 @@ def test_a_failed_prime_is_counted_with_its_reason():
     stats = RunStats()
     send(Accountant(stats, None, 0), "prime", (50,), (0,), Outcome(0.01, error="unavailable"))
     assert stats.bins[STAGE].prime_failures == 1 and stats.bins[STAGE].prime_tokens == 0
-    assert stats.errors == {"prime: unavailable": 1}
+    assert stats.errors == {"prime: unavailable": ErrorCause(1, "prime: unavailable")}
 
 
 @pytest.mark.parametrize("reports", [True, False])
@@ -111,7 +112,7 @@ def test_a_fleet_request_lands_in_its_stage_and_in_its_server():
     assert (whole.requests, first.requests, second.requests) == (3, 1, 2)
     assert (first.observed_ratio, second.observed_ratio, whole.observed_ratio) == (1.0, 0.4, 0.7)
     assert (whole.errors, first.errors, second.errors) == (1, 0, 1)
-    assert stats.errors == {"refused": 1}  # counted once, not once per bin
+    assert stats.errors == {"refused": ErrorCause(1, "refused")}  # counted once, not once per bin
     again = RunStats.from_dict(stats.to_dict())  # as a worker's report carries it to the master
     assert again.servers[STAGE, 1].requests == 2 and again.servers[STAGE, 1].observed_hits == 40
     merged = RunStats()
