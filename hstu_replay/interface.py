@@ -144,4 +144,17 @@ class Limits:
         return min(self.max_history, (per_user - NUM_CONTEXT_TOKENS) // 2 - candidates)
 
 
+    def parameters(self) -> dict[str, str]:
+        """The limits as a served model's configuration publishes them (`LIMIT_PARAMETERS`)."""
+        return {name: str(getattr(self, field)) for field, name in LIMIT_PARAMETERS.items()}
+
+
 PUBLISHED_LIMITS = Limits()
+#: `Limits` field -> the parameter of a served model's configuration (Triton's model config
+#: `parameters`, string values) that publishes it: written by the reference server, read by the client
+LIMIT_PARAMETERS: dict[str, str] = {
+    "max_batch": "hstu_max_batch",
+    "max_values": "hstu_max_values",
+    "max_candidates": "hstu_max_candidates",
+    "max_history": "hstu_max_history_items",
+}

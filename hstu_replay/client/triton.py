@@ -20,7 +20,8 @@ from typing import Protocol
 import numpy as np
 
 from hstu_replay.errors import AccessDenied, ConfigError, InterfaceMismatch, ServerError
-from hstu_replay.interface import INTERFACES, NUM_TASKS, ModelInterface, TensorSpec
+from hstu_replay.client.limits import published_limits
+from hstu_replay.interface import INTERFACES, NUM_TASKS, Limits, ModelInterface, TensorSpec
 from hstu_replay.request import RequestTensors
 
 #: Optional output of our reference target: tokens each user reused from the KV cache.
@@ -85,6 +86,7 @@ class ModelBinding:
     interface: ModelInterface
     reports_hits: bool
     reports_tiers: bool = False  # HOST_CACHED_TOKENS beside CACHED_TOKENS
+    limits: Limits | None = None  # what the model's configuration publishes (client.limits); None: nothing
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -241,10 +243,20 @@ class TritonClient:
         inputs, outputs = _specs_from_metadata(meta["inputs"]), _specs_from_metadata(meta["outputs"])
         names = {t.name for t in outputs}
         binding = ModelBinding(match_interface(self.options.model, inputs, outputs), CACHED_TOKENS_OUTPUT in names,
-                               CACHED_TOKENS_OUTPUT in names and HOST_CACHED_TOKENS_OUTPUT in names)
+                               CACHED_TOKENS_OUTPUT in names and HOST_CACHED_TOKENS_OUTPUT in names,
+                               self._published_limits())
         self._check_access(binding)
         self.binding = binding
         return binding
+
+    def _published_limits(self) -> Limits | None:
+        """The limits the model's configuration publishes; None when it publishes none, or when the
+        configuration cannot be read (a server may keep it closed: its refusals then say the limits)."""
+        try:
+            config = self._client.get_model_config(self.options.model, headers=self._headers, **self._as_json())
+        except Exception:
+            return None
+        return published_limits(config)
 
     def _check_access(self, binding: ModelBinding) -> None:
         """Metadata can be open where inference is not: an inference request without inputs asks

@@ -65,7 +65,7 @@ def export_nocache_package(model: HSTUModel, config: ModelConfig, path: str | os
     """Compile the published no-cache interface (values, lengths, num_candidates) -> logits."""
     values, lengths, num_candidates = (t.to(_device(model)) for t in _example_request())
     batch = Dim("batch", min=1, max=config.max_batch)
-    n_values = Dim("values", min=1, max=config.max_batch * (6 + 2 * (config.max_history + config.max_candidates)))
+    n_values = Dim("values", min=1, max=config.limits.max_values)
     shapes = ({0: n_values}, {0: 8 * batch}, {0: batch})
     return _compile(JaggedRanker(model).eval(), (values, lengths, num_candidates), shapes, path)
 

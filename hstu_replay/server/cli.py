@@ -57,6 +57,9 @@ SERVE_OPTIONS = (
     Option("--tls-key", "PEM private key of --tls-cert"),
     Option("--https-port", "serve HTTPS here (needs --tls-cert): a TLS-terminating forwarder in front of Triton's "
                            "HTTP port, which then listens on loopback only", 0, int),
+    Option("--no-limit-parameters", "leave the model's limits (history items, values, candidates, batch) out of "
+                                    "the ranking models' configurations, as NVIDIA's published server does: clients "
+                                    "then learn them from refusals", type=bool),
     Option("--require-header", "inference requests must carry this header (gRPC: metadata "
                                "triton-grpc-protocol-NAME), checked by tritonserver; the value is never printed",
            metavar="NAME=VALUE"),
@@ -176,7 +179,8 @@ def _serve(args) -> int:
     options = ServeOptions(args.host, args.http_port, args.grpc_port, args.metrics_port, args.cache_metrics_port,
                            args.log_verbose, TlsFiles(args.tls_cert, args.tls_key) if args.tls_cert else None,
                            args.https_port,
-                           RequiredHeader.parse(args.require_header) if args.require_header is not None else None)
+                           RequiredHeader.parse(args.require_header) if args.require_header is not None else None,
+                           publish_limits=not args.no_limit_parameters)
     check_ports_free(options)
     start_watchdog()  # tritonserver and its stubs go when this process goes, even by SIGKILL
     print(f"hstu-replay: model threads {threads}", file=sys.stderr, flush=True)

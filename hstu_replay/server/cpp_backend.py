@@ -73,8 +73,9 @@ class CppBackendSettings:
 ROLE_OF_MODEL = {KVCACHE.model_name: "cached", CONTROL_MODEL: "control"}  # the other models: uncached
 
 
-def parameters(entry: ModelEntry, settings: CppBackendSettings) -> dict[str, str]:
-    """The config.pbtxt parameters the backend reads (cpp/backend/backend.cpp): strings, no quotes."""
+def parameters(entry: ModelEntry, settings: CppBackendSettings, publish_limits: bool = True) -> dict[str, str]:
+    """The config.pbtxt parameters the backend reads (cpp/backend/backend.cpp): strings, no quotes; a
+    ranking model's also publish its limits for clients (`publish_limits`)."""
     role = ROLE_OF_MODEL.get(entry.name, "uncached")
     if role == "control":
         return {"role": role, "cache_model": KVCACHE.model_name, "outputs": ",".join(CONTROL_OUTPUTS)}
@@ -89,7 +90,8 @@ def parameters(entry: ModelEntry, settings: CppBackendSettings) -> dict[str, str
                   "offload_chunk_tokens": host.chunk_tokens, "reserve_pool": int(settings.reserve_pool)}
     return {"role": role, "dtype": cfg.dtype, "logits_output": interface.logits_output,
             "inputs": ",".join(f"{field}={name}" for field, name in interface.field_to_input.items()),
-            **{key: str(value) for key, value in sizes.items()}}
+            **{key: str(value) for key, value in sizes.items()},
+            **(cfg.limits.parameters() if publish_limits else {})}
 
 
 def config_text(entry: ModelEntry, values: dict[str, str]) -> str:
@@ -106,12 +108,12 @@ def config_text(entry: ModelEntry, values: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_repository(root: Path, settings: CppBackendSettings) -> None:
+def write_repository(root: Path, settings: CppBackendSettings, publish_limits: bool = True) -> None:
     """The four models; each ranking model's version folder links the package as model.pt2."""
     for entry in model_entries():
         folder = root / entry.name
         (folder / VERSION).mkdir(parents=True)
-        values = parameters(entry, settings)
+        values = parameters(entry, settings, publish_limits)
         (folder / "config.pbtxt").write_text(config_text(entry, values))
         if values["role"] != "control":
             (folder / VERSION / PACKAGE_NAME).symlink_to(settings.package.resolve())
@@ -155,7 +157,7 @@ def serve_cpp(settings: CppBackendSettings, options: ServeOptions, library: Path
 
     def setup(workspace: Path, stopped) -> Child:
         install_backend(library, workspace / "backends")
-        write_repository(workspace / "models", settings)
+        write_repository(workspace / "models", settings, options.publish_limits)
         ready = model_ready(options.http_port, [entry.name for entry in model_entries()], options.http_host)
         binary = get_root_module_path() / "tritonserver" / "bin" / "tritonserver"
         return tritonserver(binary, workspace / "backends", workspace / "models", options, Path(get_libs_path()),

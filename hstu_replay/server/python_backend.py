@@ -34,6 +34,7 @@ from hstu_replay.errors import ServerError
 from hstu_replay.interface import CONTROL_MODEL, KVCACHE, NOCACHE, PYTHON_BACKEND, TensorSpec
 from hstu_replay.process import Child, StartFailed, Stopping, model_ready
 from hstu_replay.server.host_tier import HostTierOptions, OffloadMode
+from hstu_replay.server.model_config import get_config
 from hstu_replay.server.phases import phases_every
 from hstu_replay.server.serve import (
     CONTROL_OUTPUTS, ServeOptions, check_ports_free, python_backend_env, run_until_stopped,
@@ -70,6 +71,7 @@ class BackendSettings:
     offload_mode: str = OffloadMode.NATIVE.value
     offload_chunk_tokens: int = DEFAULT_OFFLOAD_CHUNK_TOKENS
     reserve_pool: bool = False  # the cached model's pool taken whole at start
+    publish_limits: bool = True  # the ranking models' configurations publish the model's limits
 
     @property
     def host_tier(self) -> HostTierOptions:
@@ -116,6 +118,10 @@ def config_text(entry: ModelEntry, settings: BackendSettings | None, instances: 
     if settings is not None:
         value = json.dumps(settings.to_json())
         lines.append(f"parameters {{ key: \"{PARAMETER}\" value: {{ string_value: {value} }} }}")
+    if settings is not None and settings.publish_limits and entry.role != "control":
+        limits = get_config(settings.config, settings.dtype).limits
+        lines += [f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
+                  for key, value in limits.parameters().items()]
     return "\n".join(lines) + "\n"
 
 
@@ -248,7 +254,7 @@ def serve_native(base: BackendSettings, options: ServeOptions, stop: threading.E
 
     def setup(workspace: Path, stopped: Callable[[], bool]) -> Child:
         binary, backends, libs = prepare_backend(workspace)
-        settings = BackendSettings(**{**asdict(base), "host": options.host,
+        settings = BackendSettings(**{**asdict(base), "host": options.host, "publish_limits": options.publish_limits,
                                       "cache_metrics_port": options.cache_metrics_port,
                                       "control_socket": str(workspace / SOCKET_NAME)})
         write_repository(workspace / "models", settings)

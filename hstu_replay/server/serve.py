@@ -23,7 +23,7 @@ import sys
 import sysconfig
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
@@ -33,7 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from hstu_replay.errors import ConfigError, ServerError
-from hstu_replay.interface import CONTROL_MODEL, KVCACHE, NOCACHE, PYTHON_BACKEND, ModelInterface
+from hstu_replay.interface import CONTROL_MODEL, KVCACHE, NOCACHE, PYTHON_BACKEND, Limits, ModelInterface
 from hstu_replay.request import RequestTensors
 from hstu_replay.server.batched import BatchedEngine
 from hstu_replay.server.engine import PackagedRanker, RankingEngine
@@ -66,6 +66,12 @@ CACHE_METRICS = (
     ("host_resident_bytes", "gauge", "K/V bytes held in the host tier"),
     ("host_budget_bytes", "gauge", "Budget of the host tier in bytes"),
 )
+#: A stop unloads every model through Triton's repository API first (each waits for its in-flight
+#: requests), within this many seconds; tritonserver then waits at most EXIT_TIMEOUT_S for clients'
+#: open connections. At its default 30 s, one load-test client still connected held the stop that
+#: long, and then tritonserver killed the models' stubs (non-graceful, leaking shared memory).
+UNLOAD_WAIT_S = 3.0
+EXIT_TIMEOUT_S = 3
 #: Triton endpoints behind PyTriton's access token; statistics stay open for load-test clients.
 PROTECTED_ENDPOINTS = ["shared-memory", "model-repository", "trace", "logging"]
 ACCESS_HEADER = "triton-access-token"  # the header PyTriton's own clients send with the token
@@ -107,6 +113,9 @@ class ServeOptions:
     tls: TlsFiles | None = None  # gRPC then takes TLS only, and `https_port` serves HTTPS
     https_port: int = 0  # 0: no HTTPS; else Triton's HTTP port stays on loopback behind a TLS forwarder
     required_header: RequiredHeader | None = None  # inference needs it, on every protocol
+    #: the ranking models' configurations publish the model's limits (`interface.LIMIT_PARAMETERS`);
+    #: off, they carry none, as NVIDIA's published server's do
+    publish_limits: bool = True
 
     def __post_init__(self):
         if self.https_port and self.tls is None:
@@ -193,6 +202,26 @@ def infer_outputs(engine: RankingEngine, inputs: Mapping[str, np.ndarray], inter
     return outputs
 
 
+def limit_parameters(limits: Limits, options: ServeOptions) -> dict[str, str]:
+    """The parameters a ranking model's configuration carries for its limits (none when not published)."""
+    return limits.parameters() if options.publish_limits else {}
+
+
+def _publish_parameters(triton, models: Collection[str], parameters: Mapping[str, str]) -> None:
+    """PyTriton's ModelConfig has no `parameters`: they go into the configuration it generates for
+    each bound model (its backend parameters, which Triton serves as the model's `parameters`),
+    before the models are loaded (bound before the server starts, they load when it does)."""
+    if not parameters:
+        return
+    try:
+        bound = {model.model_name: model for model in triton._model_manager.models}
+        for name in models:
+            bound[name]._get_triton_model_config().backend_parameters.update(parameters)
+    except (AttributeError, KeyError) as exc:
+        raise ServerError(f"this nvidia-pytriton cannot publish the model's limits in its configuration ({exc}); "
+                          "serve with --frontend python-backend or cpp-backend") from None
+
+
 def wants_clear(clear: np.ndarray) -> bool:
     return int(np.asarray(clear).ravel()[0]) == 1
 
@@ -258,6 +287,30 @@ def run_until_stopped(alive: Callable[[], bool], stop: threading.Event) -> None:
             raise ServerError("tritonserver exited unexpectedly; see its log above")
 
 
+def unload_models(options: ServeOptions, headers: dict[str, str], names: list[str], wait_s: float = UNLOAD_WAIT_S) -> None:
+    """Every model asked to unload at once through Triton's repository API, each waiting for its
+    in-flight requests (PyTriton stops tritonserver as the first one goes), for at most `wait_s`."""
+    import tritonclient.http as http
+    from tritonclient.utils import InferenceServerException
+
+    host = f"[{options.http_host}]" if ":" in options.http_host else options.http_host
+
+    def unload(name: str) -> None:
+        try:
+            with http.InferenceServerClient(f"{host}:{options.http_port}", connection_timeout=wait_s,
+                                            network_timeout=wait_s) as client:
+                client.unload_model(name, headers=headers)
+        except (InferenceServerException, OSError):
+            pass  # tritonserver's own stop deals with it
+
+    threads = [threading.Thread(target=unload, args=(name,), daemon=True) for name in names]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + wait_s
+    for thread in threads:
+        thread.join(max(deadline - time.monotonic(), 0.0))
+
+
 def serve(engines: Engines, options: ServeOptions, stop: threading.Event | None = None) -> None:
     """Run until SIGINT/SIGTERM (or `stop` is set); returns after a clean shutdown."""
     check_ports_free(options)
@@ -284,7 +337,7 @@ def serve(engines: Engines, options: ServeOptions, stop: threading.Event | None 
         http_address=options.http_host, http_port=options.http_port,
         grpc_address=options.host, grpc_port=options.grpc_port,
         metrics_address=options.host, metrics_port=options.metrics_port,
-        log_verbose=options.log_verbose, exit_on_error=True,
+        log_verbose=options.log_verbose, exit_on_error=True, exit_timeout_secs=EXIT_TIMEOUT_S,
         grpc_restricted_protocol=rules, http_restricted_api=rules,  # each rule one flag
         grpc_use_ssl=tls is not None or None, grpc_server_cert=tls and tls.cert, grpc_server_key=tls and tls.key,
     )
@@ -295,23 +348,32 @@ def serve(engines: Engines, options: ServeOptions, stop: threading.Event | None 
     try:
         if options.https_port:
             https = TlsForwarder(options.host, options.https_port, (options.http_host, options.http_port), tls)
-        with Triton(config=config, security_config=security) as triton:
-            triton.bind(KVCACHE.model_name, _logits_handler(engines.cached, KVCACHE, True),
-                        inputs=tensors(KVCACHE.inputs), outputs=tensors(KVCACHE.outputs) + extra, config=unbatched)
-            for interface in (NOCACHE, PYTHON_BACKEND):
-                triton.bind(interface.model_name, _logits_handler(engines.uncached, interface, False),
-                            inputs=tensors(interface.inputs), outputs=tensors(interface.outputs), config=unbatched)
-            triton.bind(CONTROL_MODEL, _control_handler(engines.cached),
-                        inputs=[Tensor(name="CLEAR", dtype=np.int64, shape=(1,))],
-                        outputs=[Tensor(name=n, dtype=np.int64, shape=(1,)) for n in CONTROL_OUTPUTS],
-                        config=unbatched)
+        triton = Triton(config=config, security_config=security)  # the models are bound before it starts
+        triton.bind(KVCACHE.model_name, _logits_handler(engines.cached, KVCACHE, True),
+                    inputs=tensors(KVCACHE.inputs), outputs=tensors(KVCACHE.outputs) + extra, config=unbatched)
+        for interface in (NOCACHE, PYTHON_BACKEND):
+            triton.bind(interface.model_name, _logits_handler(engines.uncached, interface, False),
+                        inputs=tensors(interface.inputs), outputs=tensors(interface.outputs), config=unbatched)
+        _publish_parameters(triton, [i.model_name for i in (KVCACHE, NOCACHE, PYTHON_BACKEND)],
+                            limit_parameters(engines.cached.config.limits, options))
+        triton.bind(CONTROL_MODEL, _control_handler(engines.cached),
+                    inputs=[Tensor(name="CLEAR", dtype=np.int64, shape=(1,))],
+                    outputs=[Tensor(name=n, dtype=np.int64, shape=(1,)) for n in CONTROL_OUTPUTS],
+                    config=unbatched)
+        with triton:
             triton.run()
             print(f"hstu-replay: {options.describe()} (ready in {time.monotonic() - started:.1f} s)", flush=True)
             run_until_stopped(triton.is_alive, stop)
+            print("DEBUG stop seen", time.time(), file=sys.stderr, flush=True)
+            import logging; logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(name)s %(message)s")
+            unload_models(options, {ACCESS_HEADER: token}, [KVCACHE.model_name, NOCACHE.model_name,
+                                                            PYTHON_BACKEND.model_name, CONTROL_MODEL])
     except OSError as exc:
         raise ServerError(f"tritonserver failed to start: {exc}") from None
     finally:
+        print("DEBUG triton out", time.time(), file=sys.stderr, flush=True)
         if https is not None:
             https.close()
         metrics.shutdown()
+        print("DEBUG metrics out", time.time(), file=sys.stderr, flush=True)
         print("hstu-replay: server stopped", file=sys.stderr, flush=True)

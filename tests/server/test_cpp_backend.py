@@ -64,6 +64,14 @@ def test_every_model_names_our_backend_with_its_published_tensors_and_its_role()
     assert 'key: "reserve_pool" value: { string_value: "0" }' in kv and "reserve_pool" not in texts[NOCACHE.model_name]
     (cached,) = [entry for entry in model_entries() if entry.name == KVCACHE.model_name]
     assert parameters(cached, replace(SETTINGS, reserve_pool=True))["reserve_pool"] == "1"
+    # the small config's limits, published for clients (8 users of 6 + 2 x (256 + 32) values)
+    published = {"hstu_max_batch": "8", "hstu_max_values": "4656", "hstu_max_candidates": "32",
+                 "hstu_max_history_items": "256"}
+    for entry in model_entries():
+        values = parameters(entry, SETTINGS)
+        assert {k: values.get(k) for k in published} == (published if entry.name != CONTROL_MODEL
+                                                         else dict.fromkeys(published))
+        assert not set(published) & set(parameters(entry, SETTINGS, publish_limits=False))
     assert f'string_value: "{",".join(CONTROL_OUTPUTS)}"' in texts[CONTROL_MODEL]
     assert "values=TOKENS" in texts[PYTHON_BACKEND.model_name] and "user_ids=USER_IDS" in texts[PYTHON_BACKEND.model_name]
 

@@ -24,9 +24,20 @@ SETTINGS = BackendSettings("cached", "m", "batched", "/repo", "small", "bfloat16
 def test_the_settings_survive_the_config_text():
     entry = model_entries()[0]
     text = config_text(entry, SETTINGS)
-    (quoted,) = re.findall(r'string_value: ("(?:[^"\\]|\\.)*")', text)
-    assert BackendSettings.from_json(json.loads(quoted)) == SETTINGS
+    values = dict(re.findall(r'key: "(\w+)" value: \{ string_value: ("(?:[^"\\]|\\.)*")', text))
+    assert BackendSettings.from_json(json.loads(values.pop("hstu"))) == SETTINGS
     assert 'backend: "python"' in text and "max_batch_size: 0" in text
+    # the small config's limits, by hand: 8 users of 6 + 2 x (256 + 32) values each
+    assert {k: json.loads(v) for k, v in values.items()} == {
+        "hstu_max_batch": "8", "hstu_max_values": str(8 * (6 + 2 * (256 + 32))), "hstu_max_candidates": "32",
+        "hstu_max_history_items": "256"}
+
+
+def test_limits_are_left_out_where_not_published_and_of_the_control_model():
+    unpublished = BackendSettings(**{**SETTINGS.__dict__, "publish_limits": False})
+    assert "hstu_max" not in config_text(model_entries()[0], unpublished)
+    control = next(e for e in model_entries() if e.role == "control")
+    assert "hstu_max" not in config_text(control, SETTINGS)
 
 
 def test_every_published_model_is_in_the_repository_with_its_tensors():
