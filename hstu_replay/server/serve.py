@@ -364,16 +364,12 @@ def serve(engines: Engines, options: ServeOptions, stop: threading.Event | None 
             triton.run()
             print(f"hstu-replay: {options.describe()} (ready in {time.monotonic() - started:.1f} s)", flush=True)
             run_until_stopped(triton.is_alive, stop)
-            print("DEBUG stop seen", time.time(), file=sys.stderr, flush=True)
-            import logging; logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(name)s %(message)s")
             unload_models(options, {ACCESS_HEADER: token}, [KVCACHE.model_name, NOCACHE.model_name,
                                                             PYTHON_BACKEND.model_name, CONTROL_MODEL])
     except OSError as exc:
         raise ServerError(f"tritonserver failed to start: {exc}") from None
     finally:
-        print("DEBUG triton out", time.time(), file=sys.stderr, flush=True)
         if https is not None:
             https.close()
         metrics.shutdown()
-        print("DEBUG metrics out", time.time(), file=sys.stderr, flush=True)
         print("hstu-replay: server stopped", file=sys.stderr, flush=True)
