@@ -71,6 +71,9 @@ def test_csv_columns_and_rows(tmp_path, report):
     assert header.index("ms_per_logical_request") == header.index("mean_ms") + 1
     assert float(rows[1]["ms_per_logical_request"]) == pytest.approx(0.5)  # 0.5 ms mean, one user a request
     assert rows[2]["ms_per_logical_request"] == ""
+    # b1_h0.00: 1 of 5 sent got no answer, a thin stage of 4; b1_h1.00: 4 answers verified, none wrong
+    assert (rows[0]["errors"], rows[0]["mismatches"], json.loads(rows[0]["flags"])) == ("1", "0", ["errors", "thin"])
+    assert (rows[1]["errors"], rows[1]["mismatches"], json.loads(rows[1]["flags"])) == ("0", "0", ["thin"])
 
 
 def test_html_stage_table_shows_ms_per_logical_request(report):
