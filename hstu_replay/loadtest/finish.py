@@ -7,6 +7,7 @@ from pathlib import Path
 
 from hstu_replay.plan.over_limit import accounts_line
 from hstu_replay.loadtest.faults import LOST_EXIT_CODE
+from hstu_replay.loadtest.interrupts import INTERRUPTED_EXIT_CODE
 from hstu_replay.report.fleet_section import fleet_section, fleet_table, gateway_section, with_fleet_flags
 from hstu_replay.report.tier_section import shows_tiers, tier_table
 from hstu_replay.output.files import jsonable
@@ -14,6 +15,7 @@ from hstu_replay.output.text import format_table
 from hstu_replay.report.outcome import cause_lines, outcome_line
 from hstu_replay.report.summary import build_report, flagged_stages, latency_table
 from hstu_replay.report.thresholds import evaluate, verdict
+from hstu_replay.report.interruption import interruption_line, with_interruption
 from hstu_replay.report.worker_events import loss_lines, with_workers
 from hstu_replay.report.writers import write_reports
 
@@ -51,6 +53,7 @@ def current_report(environment) -> dict:
     if story is not None:  # a master: the workers it lost or gained, and the stages a loss overlapped
         losses, joins = story
         with_workers(report, jsonable(losses), jsonable(joins), runtime.role.worker_count - len(losses) + len(joins))
+    with_interruption(report, None if run.interruption is None else jsonable(run.interruption.section()))
     return report
 
 
@@ -136,4 +139,8 @@ def write_final_report(environment) -> dict:
     if report.get("workers_lost") and report["run"].get("workers_end") == 0 \
             and environment.process_exit_code != THRESHOLD_EXIT_CODE:
         environment.process_exit_code = LOST_EXIT_CODE  # every worker was lost: the run did not finish
+    interrupted = interruption_line(report)
+    if interrupted is not None:  # whatever the thresholds say: the flags the interruption raised among them
+        print(f"hstu-replay: FAIL: {interrupted} (exit {INTERRUPTED_EXIT_CODE})", file=sys.stderr, flush=True)
+        environment.process_exit_code = INTERRUPTED_EXIT_CODE
     return report

@@ -51,6 +51,7 @@ class ActiveRun:
         self._clients: list = []
         self._said: set[str] = set()
         self.ended = False  # set at test stop
+        self.interruption = None  # loadtest.interrupts.Interruption: a signal ended the run while it went
         self.report: dict | None = None  # the last report written (what report.json holds)
         self.users = 0  # the most users spawned at once (Locust's count is 0 again once the test stops)
 
