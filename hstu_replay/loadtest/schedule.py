@@ -32,6 +32,15 @@ class StagePosition:
     warming_up: bool
 
 
+@dataclass(frozen=True)
+class SweepProgress:
+    """How far the sweep got by a moment: the stages it ran fully, the one it was in, those it never started."""
+
+    full: tuple[Stage, ...]
+    partial: tuple[Stage, ...]
+    not_run: tuple[Stage, ...]
+
+
 class Schedule:
     def __init__(self, batches: tuple[int, ...], ratios: tuple[float, ...], warmup_s: float, measure_s: float):
         self.stages: list[Stage] = []
@@ -105,3 +114,12 @@ class SweepClock:
 
     def over(self) -> bool:
         return self.started and self.position() is None
+
+    def progress(self) -> SweepProgress:
+        """How far the sweep has got now: before its start no stage ran; after its end every one did."""
+        stages = tuple(self.schedule.stages)
+        position = self.position()
+        if position is None:
+            return SweepProgress(stages, (), ()) if self.started else SweepProgress((), (), stages)
+        i = position.stage.index
+        return SweepProgress(stages[:i], (stages[i],), stages[i + 1:])

@@ -44,6 +44,8 @@ FLAG_MEANINGS = {
                  f"{HOT_SHARD_P99_FACTOR:g}x the other servers' median, while the others did not: the fleet's capacity is that server's",
     "server-lost": "a server of the fleet was unreachable for part of the stage: its users' requests failed there "
                    "while the run went on with the rest",
+    "interrupted": "a signal (Ctrl-C, SIGTERM) ended the run during the stage: its figures cover part of its "
+                   "window, and the stages after it never ran",
 }
 
 

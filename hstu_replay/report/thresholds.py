@@ -204,8 +204,10 @@ def evaluate(report: dict, thresholds: Thresholds) -> list[str]:
     set, a stage whose figures are flagged as not solid fails the run too (naming why), but for
     failures a threshold set allows (`Thresholds.allows`)."""
     bins = report["bins"]
-    out: list[str] = [f"stage {s['name']} is {f['flag']}: {f['reason']}"
-                      for s in report["stages"] for f in s["flags"] if not thresholds.allows(f["flag"])]
+    interrupted = report.get("interrupted")  # never passes, also where the stage it cut measured nothing
+    out: list[str] = [] if interrupted is None else [f"the run was interrupted by {interrupted['signal']}"]
+    out += [f"stage {s['name']} is {f['flag']}: {f['reason']}"
+            for s in report["stages"] for f in s["flags"] if not thresholds.allows(f["flag"])]
     if thresholds.max_mismatches is not None:
         n = report["verification"]["mismatches"]
         if n > thresholds.max_mismatches:

@@ -32,3 +32,18 @@ def test_a_quota_ends_a_stage_before_its_seconds():
     clock.measured(clock.schedule.stages[0])  # a late answer of the old stage counts for nothing
     assert clock.position(t0 + 4.6).stage.index == 1
     assert clock.position(t0 + 104.1) is None  # the seconds stay the upper bound
+
+
+def test_progress_says_which_stages_ran_fully_partly_or_not_at_all():
+    clock = SweepClock(Schedule((1,), (0.0, 0.5, 1.0), warmup_s=1.0, measure_s=2.0))  # stages of 3 s
+    names = (lambda stages: [s.key.name() for s in stages])
+    before = clock.progress()  # users still spawning: nothing ran
+    assert (names(before.full), names(before.partial), names(before.not_run)) == (
+        [], [], ["b1_h0.00", "b1_h0.50", "b1_h1.00"])
+    clock.start(elapsed_s=4.0)  # 1 s into the second stage (its warm-up)
+    during = clock.progress()
+    assert (names(during.full), names(during.partial), names(during.not_run)) == (
+        ["b1_h0.00"], ["b1_h0.50"], ["b1_h1.00"])
+    over = SweepClock(clock.schedule)
+    over.start(elapsed_s=9.5)  # the sweep's 9 s are over
+    assert (len(over.progress().full), over.progress().partial, over.progress().not_run) == (3, (), ())

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from hstu_replay.loadtest.interrupts import INTERRUPTED_EXIT_CODE
 from hstu_replay.loadtest.records import read_records
-from tests.conftest import ROOT, free_ports, locust_command
+from tests.conftest import MACHINE_LENIENT, ROOT, free_ports, locust_command
 from tests.loadtest.test_webaccess import interrupt
 from tests.conftest import wait_until
 from tests.loadtest.test_webui import get_json, post_form
@@ -57,7 +58,7 @@ def test_ctrl_c_or_sigterm_ends_a_headless_run_with_its_report(signum, triton_se
     finally:
         took = interrupt(process, signum=signum)
     print(f"headless mid-run: exit {took:.2f} s after {signal.Signals(signum).name} (code {process.returncode})")
-    assert process.returncode == 0
+    assert process.returncode == INTERRUPTED_EXIT_CODE
     assert took < BOUND_S
     assert_report_matches_records(report)
 
@@ -132,3 +133,77 @@ def test_ctrl_c_ends_a_master_still_waiting_for_its_workers(triton_server, refer
           f"{worker_took:.2f} s after")
     assert took < BOUND_S and worker_took < BOUND_S and "Traceback" not in log.read_text()
     assert "hstu-replay: interrupted while waiting for workers" in log.read_text()
+
+
+# -- an interrupted run says so and never passes ----------------------------------------------------------
+
+STAGES = ("b1_h0.00", "b1_h0.50", "b1_h1.00")
+STAGE_S = 4.5  # each stage: 0.5 s of warm-up, 4 s measured
+
+
+def three_stages(server, dumps: Path) -> list[str]:
+    return ["--host", f"grpc://{server.grpc_url}", "--workload", "dumps", "--dump-dir", str(dumps),
+            "--hit-ratios", "0,0.5,1.0", "--batch-sizes", "1", "--stage-seconds", "4", "--warmup-seconds", "0.5",
+            "--max-history", "256", *MACHINE_LENIENT]
+
+
+def measuring_in(report: Path, stage: str) -> bool:
+    return any(r["kind"] == "measure" and r["stage"] == stage for r in read_records(report))
+
+
+def assert_interrupted_in_the_second_stage(data: dict, output: str) -> None:
+    """report.json's section and flags, and the one terminal line, of a run SIGINTed in the second stage."""
+    section = data["interrupted"]
+    assert (section["signal"], section["stages_full"], section["stages_partial"], section["stages_not_run"]) == (
+        "SIGINT", [STAGES[0]], [STAGES[1]], [STAGES[2]]), section
+    assert STAGE_S <= section["at_s"] < 2 * STAGE_S
+    flags = {s["name"]: [f["flag"] for f in s["flags"]] for s in data["stages"]}
+    assert "interrupted" not in flags[STAGES[0]] and "interrupted" in flags[STAGES[1]] and STAGES[2] not in flags
+    assert "interrupted" in next(b for b in data["bins"] if b["name"] == STAGES[1])["flags"]
+    lines = [line for line in output.splitlines() if line.startswith("hstu-replay: FAIL: interrupted by SIGINT")]
+    assert lines == [f"hstu-replay: FAIL: interrupted by SIGINT at {section['at_s']:.1f} s: stages run fully: "
+                     f"{STAGES[0]}; partly: {STAGES[1]}; never started: {STAGES[2]} (exit {INTERRUPTED_EXIT_CODE})"]
+
+
+@pytest.mark.parametrize("thresholds", [(), ("--max-mismatches", "0")], ids=["no-thresholds", "thresholds"])
+def test_sigint_in_the_second_of_three_stages_marks_the_report_interrupted(thresholds, triton_server,
+                                                                          reference_dumps, tmp_path):
+    report, log = tmp_path / "report", tmp_path / "locust.log"
+    process = launch(log, "--headless", "-u", "2", "-r", "2", "--report-dir", str(report),
+                     *three_stages(triton_server, reference_dumps), *thresholds)
+    try:
+        wait_until(lambda: measuring_in(report, STAGES[1]), 90, "measured requests of the second stage")
+    finally:
+        interrupt(process)
+    data = assert_report_matches_records(report)
+    output = log.read_text()
+    assert process.returncode == INTERRUPTED_EXIT_CODE, output[-3000:]
+    assert_interrupted_in_the_second_stage(data, output)
+    if thresholds:  # the flag is a violation too, yet the exit code says interrupted, not 3
+        assert not data["thresholds"]["passed"]
+        assert any(v.startswith(f"stage {STAGES[1]} is interrupted: SIGINT at ")
+                   for v in data["thresholds"]["violations"]), data["thresholds"]
+    else:
+        assert data["thresholds"] is None
+
+
+def test_sigint_to_the_master_of_a_distributed_run_marks_its_report_interrupted(triton_server, reference_dumps,
+                                                                               tmp_path):
+    (master_port,) = free_ports(1)
+    report, log = tmp_path / "report", tmp_path / "master.log"
+    master = launch(log, "--master", "--headless", "-u", "2", "-r", "2", "--expect-workers", "1",
+                    "--expect-workers-max-wait", "90", "--master-bind-port", str(master_port), "--report-dir",
+                    str(report), *three_stages(triton_server, reference_dumps))
+    worker = launch(tmp_path / "worker.log", "--worker", "--master-port", str(master_port), "--report-dir", str(report))
+    try:
+        wait_until(lambda: measuring_in(report, STAGES[1]), 120, "measured requests of the second stage")
+        interrupt(master)
+        worker.wait(BOUND_S)
+    finally:
+        for p in (master, worker):
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+    data = assert_report_matches_records(report)
+    assert data["run"]["role"] == "master" and master.returncode == INTERRUPTED_EXIT_CODE, log.read_text()[-3000:]
+    assert_interrupted_in_the_second_stage(data, log.read_text())
