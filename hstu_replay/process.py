@@ -18,6 +18,7 @@ listen on free, else the leftovers are killed and named. Processes are looked at
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -32,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import astuple, dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from hstu_replay.inspection import Noted, family, kill_noted, still_running
 from hstu_replay.interface import CONTROL_MODEL, INTERFACES
@@ -184,6 +185,25 @@ def wait_ready(ready: Callable[[], bool], what: str, exited: Callable[[], str | 
         if time.monotonic() - started > timeout_s:
             raise StartFailed(f"{what} not ready after {timeout_s:g} s{log_reason(log, '; last log line: ')}")
         time.sleep(POLL_S)
+
+
+def honour_sigint() -> None:
+    """Ctrl-C (SIGINT) raises KeyboardInterrupt in this process however it was started: a shell
+    starts a background job (`cmd &` in a script, `nohup`) with SIGINT ignored, and a long-running
+    command that inherited that never stopped on it. Only the main thread handles signals."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def long_running(command: Callable[[Any], int]) -> Callable[[Any], int]:
+    """A command's handler that runs for long (a server, a search, a flow): it honours Ctrl-C first."""
+
+    @functools.wraps(command)
+    def run(args: Any) -> int:
+        honour_sigint()
+        return command(args)
+
+    return run
 
 
 @contextmanager

@@ -243,3 +243,30 @@ def test_a_readiness_predicate_and_a_child_that_is_never_ready(tmp_path):
     with pytest.raises(StartFailed, match=r"the helper's socket not ready after 0.5 s; last log line: loading"):
         never.launch()
     assert not never.running
+
+
+def test_a_long_running_command_takes_ctrl_c_back_when_started_with_it_ignored():
+    """A script's background job inherits SIGINT ignored; the command's entry restores Ctrl-C."""
+    seen = []
+    command = process.long_running(lambda args: seen.append(signal.getsignal(signal.SIGINT)) or 7)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert command(None) == 7
+        assert seen == [signal.default_int_handler]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_every_long_running_command_honours_ctrl_c():
+    from hstu_replay.cli import build_parser
+
+    commands = {}
+    for group, parser in build_parser()._subparsers._group_actions[0].choices.items():
+        for action in parser._subparsers._group_actions if parser._subparsers else ():
+            for name, sub in action.choices.items():
+                commands[(group, name)] = sub.get_default("func")
+    long_running = {("server", "serve"), ("server", "export"), ("server", "dump"), ("fleet", "serve"),
+                    ("capacity", "run"), ("capacity", "natural"), ("flow", "l0"), ("protocol", "run"),
+                    ("cpp-replay", "build"), ("cpp-replay", "run"), ("data", "prepare"), ("plan", "cache-curve")}
+    assert long_running <= set(commands), long_running - set(commands)
+    assert [key for key in sorted(long_running) if not hasattr(commands[key], "__wrapped__")] == []

@@ -20,6 +20,7 @@ from hstu_replay.errors import ConfigError
 from hstu_replay.interface import PUBLISHED_LIMITS
 from hstu_replay.plan.reuse import PartialHits
 from hstu_replay.plan.workloads import WORKLOADS, one_of
+from hstu_replay.process import long_running
 
 NO_SUSTAINABLE_STEP_EXIT = 3
 STEP_TIMEOUT_SLACK_S = 120.0  # Locust start, interface detection, priming and shutdown on top of the stage
@@ -249,6 +250,7 @@ def _failure_line(data: dict) -> str:
     return "no step met the SLO at hit ratio " + ", ".join(parts)
 
 
+@long_running
 def _run(args: argparse.Namespace) -> int:
     from hstu_replay.capacity.driver import check_endpoints, run_capacity
     from hstu_replay.capacity.files import write_capacity
@@ -312,6 +314,7 @@ def _offload_mode(mode: str) -> str:
     return mode
 
 
+@long_running
 def _natural(args: argparse.Namespace) -> int:
     from hstu_replay.capacity.natural import NaturalPlan, plan_capacity, write_result
     from hstu_replay.capacity.search import Slo

@@ -9,6 +9,7 @@ from typing import Any
 
 import hstu_replay.cpp_replay.replay as cpp_replay
 from hstu_replay.arguments import DUMP_DIR, REPOSITORY, TOLERANCE, Option
+from hstu_replay.process import long_running
 
 
 def add_commands(groups: Any) -> None:
@@ -45,11 +46,13 @@ def _build_dir_arg(parser: argparse.ArgumentParser) -> None:
     Option("--build-dir", f"CMake build directory (default {cpp_replay.DEFAULT_BUILD_DIR})").add_to(parser)
 
 
+@long_running
 def _build(args: argparse.Namespace) -> int:
     print(cpp_replay.build(args.build_dir))
     return 0
 
 
+@long_running
 def _replay(args: argparse.Namespace) -> int:
     if args.repository:
         from hstu_replay.interface import NOCACHE

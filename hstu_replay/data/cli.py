@@ -14,6 +14,7 @@ from hstu_replay.arguments import Option
 from hstu_replay.data.limits import DEFAULT_MEMORY_GB
 from hstu_replay.data.schema import DEFAULT_RELEASE, RELEASES
 from hstu_replay.errors import ConfigError
+from hstu_replay.process import long_running
 
 STORED = Option("store", "prepared store", metavar="STORE")
 
@@ -81,6 +82,7 @@ def _synth(args: argparse.Namespace) -> int:
     return 0
 
 
+@long_running
 def _prepare(args: argparse.Namespace) -> int:
     from hstu_replay.data.bounded import prepare_bounded
 

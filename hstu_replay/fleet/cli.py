@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hstu_replay.arguments import DEVICE, REPOSITORY, SERVE_ARGS, Option, number, split_args
 from hstu_replay.errors import ConfigError, ServerError
+from hstu_replay.process import long_running
 
 WATCH_PERIOD_S = 0.5  # how often a serving fleet is looked at
 SERVERS = Option("--servers", "reference servers to start, each on ports of its own", 2)
@@ -84,6 +85,7 @@ def _gateway_config(args) -> int:
     return 0
 
 
+@long_running
 def _serve(args) -> int:
     from hstu_replay.fleet.gateway import Balance, GatewayPorts, balance, gateway_for, haproxy_binary, routing_header
     from hstu_replay.fleet.local import LocalFleet

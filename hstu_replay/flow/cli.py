@@ -10,7 +10,7 @@ from hstu_replay.arguments import (
     CANDIDATES, DEVICE, DUMP_BATCH_SIZE, DUMP_BATCHES, DUMP_SEED, MODEL_CONFIG, MODEL_MAX_HISTORY, STORE, THREADS,
     TOLERANCE, TRITON_PROTOCOL, WEIGHTS_SEED, Option, numbers,
 )
-from hstu_replay.process import Ports
+from hstu_replay.process import Ports, long_running
 from hstu_replay.server.cli import FRONTENDS
 
 
@@ -48,6 +48,7 @@ def add_commands(groups: Any) -> None:
     l0.set_defaults(func=_l0)
 
 
+@long_running
 def _l0(args: argparse.Namespace) -> int:
     from hstu_replay.flow.l0 import L0Options, run_l0, summary_line
     from hstu_replay.server.cli import resolve_device

@@ -20,6 +20,7 @@ from hstu_replay.arguments import (
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import INTERFACES, PUBLISHED_LIMITS, Limits, ModelInterface
 from hstu_replay.plan.keys import KeyAllocator
+from hstu_replay.process import long_running
 
 MODELS: dict[str, ModelInterface] = {i.model_name: i for i in INTERFACES.values()}
 
@@ -140,6 +141,7 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+@long_running
 def _cache_curve(args: argparse.Namespace) -> int:
     from hstu_replay.plan.over_limit import HistoryPolicy, accounts_line
     from hstu_replay.plan.tiers import OFFLOAD_MODES

@@ -24,6 +24,7 @@ from hstu_replay.protocol.page import render_protocol_html
 from hstu_replay.protocol.passes import Caller, PassResult, run_passes
 from hstu_replay.protocol.tables import build_protocol_report, render_text
 from hstu_replay.output.files import atomic_write, json_bytes
+from hstu_replay.process import long_running
 
 DEFAULT_MODELS = "hstu_model,hstu_gr_ranking,hstu_gr_ranking_kvcache"
 SCALING_MODEL = "hstu_gr_ranking_kvcache"
@@ -122,6 +123,7 @@ def _plan(args: argparse.Namespace, s: Settings) -> tuple[int, dict[tuple[str, i
         raise ConfigError(str(exc)) from None
 
 
+@long_running
 def _protocol(args: argparse.Namespace) -> int:
     s = _settings(args)
     users, planned = _plan(args, s)

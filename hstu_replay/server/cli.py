@@ -12,6 +12,7 @@ from hstu_replay.arguments import (
     PAGE_TOKENS, REPOSITORY, STORE, THREADS, WEIGHTS_SEED, Option,
 )
 from hstu_replay.errors import ConfigError
+from hstu_replay.process import long_running
 
 FRONTENDS = ("pytriton", "python-backend", "cpp-backend")
 #: the engine the C++ backend serves (its package)
@@ -125,6 +126,7 @@ def resolve_device(name: str) -> str:
     return name
 
 
+@long_running
 def _export(args) -> int:
     from hstu_replay.server.build import export_repository
 
@@ -153,6 +155,7 @@ def _wait(args) -> int:
     return 0
 
 
+@long_running
 def _serve(args) -> int:
     from hstu_replay.server.threads import apply_threads
 
@@ -223,6 +226,7 @@ def _check_cpp_backend(args) -> None:
         raise ConfigError(f"--frontend cpp-backend serves --engine {CPP_BACKEND_ENGINE} only (got --engine {args.engine})")
 
 
+@long_running
 def _dump(args) -> int:
     from hstu_replay.cache_ledger import DEFAULT_PAGE_TOKENS
     from hstu_replay.data.store import open_store

@@ -99,3 +99,33 @@ def test_serve_runs_until_sigterm_and_leaves_nothing(compiled_repository, tmp_pa
                 process.kill()
     assert "fleet stopped" in out.read_text()
     assert [pid for pid in family if alive(pid)] == []
+
+
+@pytest.mark.integration
+def test_serve_started_with_sigint_ignored_still_stops_on_sigint(compiled_repository, tmp_path):
+    """A background job of a non-interactive shell (`hstu-replay fleet serve &` in a script) starts with
+    SIGINT ignored; a long-running command restores Ctrl-C (process.long_running) and stops on it."""
+    out = tmp_path / "out.txt"
+    with out.open("w") as stdout:
+        process = subprocess.Popen([sys.executable, "-m", "hstu_replay.cli", "fleet", "serve", "--servers", "1",
+                                    "--repository", str(compiled_repository), "--device", "cpu",
+                                    "--base-port", str(free_base(4)), "--log-dir", str(tmp_path / "fleet")],
+                                   stdout=stdout, stderr=subprocess.STDOUT, cwd=ROOT, env=dict(os.environ),
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        deadline = time.monotonic() + SERVE_START_S
+        while "hstu-replay: serving; Ctrl-C or SIGTERM stops the fleet" not in out.read_text():
+            assert process.poll() is None and time.monotonic() < deadline, out.read_text()
+            time.sleep(0.5)
+        family = tree(process.pid)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(120) == 0, out.read_text()
+    finally:
+        if process.poll() is None:  # SIGINT ignored: its servers run in sessions of their own, SIGTERM stops them
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(120)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    assert "fleet stopped" in out.read_text()
+    assert [pid for pid in family if alive(pid)] == []
