@@ -8,6 +8,8 @@ from pathlib import Path
 from hstu_replay.plan.over_limit import accounts_line
 from hstu_replay.loadtest.faults import LOST_EXIT_CODE
 from hstu_replay.loadtest.interrupts import INTERRUPTED_EXIT_CODE
+from hstu_replay.loadtest.roles import LIMIT_EXIT_CODE
+from hstu_replay.loadtest.server_limits import server_limits_section
 from hstu_replay.report.fleet_section import fleet_section, fleet_table, gateway_section, with_fleet_flags
 from hstu_replay.report.tier_section import shows_tiers, tier_table
 from hstu_replay.output.files import jsonable
@@ -35,6 +37,8 @@ def run_metadata(environment) -> dict:
         "users": max(run.users, environment.runner.user_count if environment.runner else 0),
         "workers": runtime.role.worker_count, "role": runtime.role.name, "started": run.clock.started_epoch,
         "history_caps": run.prepared.history_caps(),
+        "server_limits": server_limits_section(binding.limits, run.prepared.caps),
+        "stopped": run.stopped,
         "options": dict(c.options),
     }
 
@@ -143,4 +147,6 @@ def write_final_report(environment) -> dict:
     if interrupted is not None:  # whatever the thresholds say: the flags the interruption raised among them
         print(f"hstu-replay: FAIL: {interrupted} (exit {INTERRUPTED_EXIT_CODE})", file=sys.stderr, flush=True)
         environment.process_exit_code = INTERRUPTED_EXIT_CODE
+    if environment.hstu.run.stopped is not None:  # said when it stopped: a limit the server refused
+        environment.process_exit_code = LIMIT_EXIT_CODE
     return report

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 from hstu_replay.client.triton import ModelBinding, TritonClient
 from hstu_replay.errors import ConfigError, HstuReplayError, ServerError
 from hstu_replay.loadtest.config import LoadTestConfig, TargetConfig
+from hstu_replay.loadtest.dump_check import check_dump_answers
 from hstu_replay.loadtest.schedule import Schedule
+from hstu_replay.loadtest.server_limits import Cap, fit_to_server
 from hstu_replay.plan.workloads import Workload, WorkloadKind, WorkloadOptions
 from hstu_replay.stats.run_stats import NATURAL
 
@@ -38,6 +40,7 @@ class PreparedRun:
     binding: ModelBinding
     schedule: Schedule
     workload: Workload | None  # None on a master: its workers replay the data
+    caps: tuple[Cap, ...] = ()  # options left at their defaults, capped to the server's published limits
 
     @property
     def kind(self) -> WorkloadKind:
@@ -90,6 +93,9 @@ def connect(target: TargetConfig) -> ModelBinding:
     server if one is not usable)."""
     bindings = [_asked(target, i, TritonClient.connect) for i in range(len(target.addresses))]
     for address, binding in zip(target.addresses[1:], bindings[1:]):
+        if binding.limits != bindings[0].limits:
+            raise ConfigError(f"server {address} publishes other limits for {target.model} ({binding.limits}) than "
+                              f"{target.addresses[0]} ({bindings[0].limits}): a fleet serves one model")
         if binding != bindings[0]:
             raise ConfigError(f"server {address} serves {target.model} with another interface "
                               f"({binding.interface.name}) than {target.addresses[0]} ({bindings[0].interface.name}): "
@@ -139,6 +145,7 @@ def prepare(config: LoadTestConfig, placement: Placement, binding: ModelBinding 
     if placement.role.reports:
         check_fleet_metrics(config.target)
     config = server_budgets(config, binding)
+    config, caps = fit_to_server(config, binding.limits)
     data, sweep = config.data, config.sweep
     workload = None
     if placement.role.replays:
@@ -148,8 +155,9 @@ def prepare(config: LoadTestConfig, placement: Placement, binding: ModelBinding 
                                   data.working_set, user_servers(config.target), partial_hits=data.partial_hits)
         workload = data.kind.opens(options)
         workload.check(sweep.batches)
+        check_dump_answers(config, placement, binding, workload)
     ratios = sweep.ratios if binding.interface.uses_cache else (0.0,)  # nothing to hit: one cold stage
     if data.kind.natural:
         ratios = (NATURAL,)  # one stage: the hit ratio is whatever the server's cache gives
     schedule = Schedule(sweep.batches, ratios, sweep.warmup_seconds, sweep.stage_seconds)
-    return PreparedRun(config, placement, binding, schedule, workload)
+    return PreparedRun(config, placement, binding, schedule, workload, caps)

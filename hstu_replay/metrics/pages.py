@@ -47,6 +47,9 @@ CACHE_COUNTERS: dict[str, str] = {
     "requests": "hstu_kvcache_requests_total",
 }
 CACHE_GAUGES: dict[str, str] = {"resident_tokens": "hstu_kvcache_resident_tokens"}
+#: the reference server's own addresses, as labels of one constant gauge on its KV-cache page: a
+#: page scraped behind a gateway says which server it belongs to
+SERVER_INFO = "hstu_server_info"
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -84,6 +87,14 @@ class Scrape:
     def mean(self, name: str, **labels: str) -> float | None:
         values = [v for v in self.series(name, **labels) if math.isfinite(v)]
         return math.fsum(values) / len(values) if values else None
+
+
+def server_address(page: Scrape) -> str | None:
+    """The gRPC address a reference server's KV-cache page says it serves on (None: not said)."""
+    for sample in page.samples:
+        if sample.named(SERVER_INFO):
+            return dict(sample.labels).get("grpc")
+    return None
 
 
 # -- parsing ----------------------------------------------------------------------------------

@@ -73,7 +73,8 @@ class CachedRanking(Ranking):
 
     def __init__(self, settings: BackendSettings) -> None:
         super().__init__(settings)
-        options = ServeOptions(host=settings.host, cache_metrics_port=settings.cache_metrics_port)
+        options = ServeOptions(host=settings.host, grpc_port=settings.grpc_port, http_port=settings.http_port,
+                               cache_metrics_port=settings.cache_metrics_port)
         self.metrics = start_cache_metrics(self.engine, options)
         engine = self.engine
 

@@ -71,6 +71,8 @@ class BackendSettings:
     offload_mode: str = OffloadMode.NATIVE.value
     offload_chunk_tokens: int = DEFAULT_OFFLOAD_CHUNK_TOKENS
     reserve_pool: bool = False  # the cached model's pool taken whole at start
+    grpc_port: int = 0  # the server's own ports, which its cache-metrics page names (serve.ServerInfoCollector)
+    http_port: int = 0
     publish_limits: bool = True  # the ranking models' configurations publish the model's limits
 
     @property
@@ -256,6 +258,7 @@ def serve_native(base: BackendSettings, options: ServeOptions, stop: threading.E
         binary, backends, libs = prepare_backend(workspace)
         settings = BackendSettings(**{**asdict(base), "host": options.host, "publish_limits": options.publish_limits,
                                       "cache_metrics_port": options.cache_metrics_port,
+                                      "grpc_port": options.grpc_port, "http_port": options.http_port,
                                       "control_socket": str(workspace / SOCKET_NAME)})
         write_repository(workspace / "models", settings)
         ready = model_ready(options.http_port, [entry.name for entry in model_entries()], options.http_host)

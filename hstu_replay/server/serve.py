@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 
 from hstu_replay.errors import ConfigError, ServerError
 from hstu_replay.interface import CONTROL_MODEL, KVCACHE, NOCACHE, PYTHON_BACKEND, Limits, ModelInterface
+from hstu_replay.metrics.pages import SERVER_INFO
 from hstu_replay.request import RequestTensors
 from hstu_replay.server.batched import BatchedEngine
 from hstu_replay.server.engine import PackagedRanker, RankingEngine
@@ -264,10 +265,25 @@ class CacheCollector(Collector):
             yield family(f"hstu_kvcache_{key}", help_text, value=stats[key])
 
 
+class ServerInfoCollector(Collector):
+    """`SERVER_INFO`: the server's addresses as labels of a gauge of 1 (which server a page is)."""
+
+    def __init__(self, options: ServeOptions):
+        self.labels = {"grpc": f"{options.host}:{options.grpc_port}", "http": f"{options.host}:{options.http_port}"}
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(SERVER_INFO, "The reference server's addresses (labels); always 1",
+                                   labels=list(self.labels))
+        family.add_metric(list(self.labels.values()), 1)
+        yield family
+
+
 def start_cache_metrics(engine: RankingEngine, options: ServeOptions) -> WSGIServer:
-    """The cache-metrics port: prometheus_client's exposition of `CacheCollector`, in a thread."""
+    """The cache-metrics port: prometheus_client's exposition of `CacheCollector` and
+    `ServerInfoCollector`, in a thread."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(CacheCollector(engine))
+    registry.register(ServerInfoCollector(options))
     server, _ = start_http_server(options.cache_metrics_port, options.host, registry)
     return server
 

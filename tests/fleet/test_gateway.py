@@ -281,7 +281,8 @@ def test_a_load_test_through_the_hashing_gateway_holds_the_ratio_on_every_server
     result = gateway_run(tmp_path, fleet, gateways[Balance.HASH], sample_store, "1.0")
     report = result.report
     assert report["fleet"]["routing"] == "gateway"
-    assert report["fleet"]["servers"] == [b.cache_metrics_url for b in fleet.backends]
+    # each row named by the server's gRPC address, as its own page says it (not by the page's URL)
+    assert report["fleet"]["servers"] == [b.grpc for b in fleet.backends]
     for stage, bin_ in zip(report["fleet"]["stages"], report["bins"]):
         rows = stage["servers"]
         assert all(r["requests"] > 0 for r in rows), rows  # the route keys spread over both servers

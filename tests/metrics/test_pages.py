@@ -195,3 +195,12 @@ def test_scrape_over_http():
         server.server_close()
     assert metrics.try_scrape(url, timeout_s=1.0) is None  # gone: best effort gives None
     assert metrics.try_scrape(None) is None
+
+
+def test_a_page_names_its_server_by_the_info_gauge():
+    page = metrics.parse('# TYPE hstu_server_info gauge\n'
+                         'hstu_server_info{grpc="127.0.0.1:9001",http="127.0.0.1:9000"} 1\n'
+                         '# TYPE hstu_kvcache_requests counter\nhstu_kvcache_requests_total 3\n')
+    assert metrics.server_address(page) == "127.0.0.1:9001"
+    assert metrics.server_address(metrics.parse("# TYPE hstu_kvcache_requests counter\n"
+                                                "hstu_kvcache_requests_total 3\n")) is None

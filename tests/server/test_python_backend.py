@@ -11,6 +11,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from hstu_replay.interface import CONTROL_MODEL, KVCACHE, NOCACHE, PYTHON_BACKEND
+from hstu_replay.metrics import pages as metrics
 from hstu_replay.server.python_backend import BackendSettings, config_text, model_entries, model_file
 from hstu_replay.server.serve import CONTROL_OUTPUTS
 from tests.conftest import MACHINE_LENIENT, run_locust, start_server, stop_server
@@ -100,6 +101,7 @@ def test_the_control_model_reaches_the_cache_of_the_kvcache_model(native_server)
         np.testing.assert_allclose(second[0], first[0], atol=0.0625)
         text = urllib.request.urlopen(f"http://127.0.0.1:{server.ports.cache_metrics}/metrics").read().decode()
         values = exposed(text)
+        assert metrics.server_address(metrics.parse(text)) == server.grpc_url  # the page names its server
         clear = grpcclient.InferInput("CLEAR", [1], "INT64")
         clear.set_data_from_numpy(np.array([0], dtype=np.int64))
         stats = client.infer(CONTROL_MODEL, [clear])
