@@ -21,6 +21,7 @@ from hstu_replay.loadtest.options import register_arguments, take_secrets
 from hstu_replay.loadtest.prepare import connect, prepare
 from hstu_replay.loadtest.roles import Role, fail, role_for
 from hstu_replay.loadtest.runtime import LoadTestRuntime
+from hstu_replay.loadtest.server_limits import caps_line
 
 
 @events.init_command_line_parser.add_listener
@@ -143,6 +144,8 @@ def _say_what_changed(prepared) -> None:
     if not prepared.caches and any(config.sweep.ratios):
         print(f"hstu-replay: model {config.target.model} keeps no KV cache: one stage at hit ratio 0 per batch "
               f"size instead of --hit-ratios {config.options['hit_ratios']}", file=sys.stderr, flush=True)
+    if prepared.caps:
+        print(f"hstu-replay: {caps_line(prepared.caps)}", file=sys.stderr, flush=True)
     for batch, cap in prepared.history_caps().items():
         print(f"hstu-replay: batch {batch}: histories capped at {cap} items so that {batch} users fit "
               f"--max-values {config.data.max_values}", file=sys.stderr, flush=True)

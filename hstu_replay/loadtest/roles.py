@@ -17,6 +17,9 @@ from typing import ClassVar
 import gevent
 
 WORKER_FAILED = "hstu_worker_failed"  # worker -> master: preparing the run failed
+WORKER_STOPPED = "hstu_worker_stopped"  # worker -> master: the run must stop (a limit the server refused)
+#: the server refused a request for a limit it had not published: the run stopped at the first such refusal
+LIMIT_EXIT_CODE = 6
 SWEEP_CLOCK = "hstu_sweep_clock"  # master -> workers: seconds since the sweep started
 
 
@@ -56,6 +59,10 @@ class Role:
     def sweep_started(self, run) -> None:
         """Every user has spawned and the sweep's clock runs."""
 
+    def stop_run(self, message: str) -> None:
+        """The whole run stops for `message` (one line), its report still written (exit `LIMIT_EXIT_CODE`)."""
+        fail(self.environment, message, LIMIT_EXIT_CODE)
+
     def stop_running(self) -> None:
         """Quitting while the run goes (Ctrl-C): its users end before the report is written."""
         self.runner.stop()
@@ -89,6 +96,7 @@ class MasterRole(Role):
         from hstu_replay.loadtest.faults import WorkerAccount
 
         self.runner.register_message(WORKER_FAILED, lambda msg, **_: fail(self.environment, f"worker {msg.data}"))
+        self.runner.register_message(WORKER_STOPPED, lambda msg, **_: runtime.stop_run(f"worker {msg.data}"))
         self.workers = WorkerAccount(self.environment)
         self.workers.install()
 
@@ -136,6 +144,10 @@ class WorkerRole(Role):
 
     def failed_to_prepare(self, message: str) -> None:
         self.runner.send_message(WORKER_FAILED, f"{self.worker_index}: {message}")
+
+    def stop_run(self, message: str) -> None:
+        print(f"hstu-replay: error: {message}", file=sys.stderr, flush=True)
+        self.runner.send_message(WORKER_STOPPED, f"{self.worker_index}: {message}")  # the master stops every worker
 
     def stop_running(self) -> None:
         # a worker quitting on its own also sends its last statistics, which Locust sends only

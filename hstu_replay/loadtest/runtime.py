@@ -52,6 +52,7 @@ class ActiveRun:
         self._said: set[str] = set()
         self.ended = False  # set at test stop
         self.interruption = None  # loadtest.interrupts.Interruption: a signal ended the run while it went
+        self.stopped: str | None = None  # why the run was stopped before its end (one line), if it was
         self.report: dict | None = None  # the last report written (what report.json holds)
         self.users = 0  # the most users spawned at once (Locust's count is 0 again once the test stops)
 
@@ -125,6 +126,13 @@ class LoadTestRuntime:
         if self.run is not None:
             self.run.close()
             self.run = None
+
+    def stop_run(self, message: str) -> None:
+        """Stop the whole run, once, for `message` (the first limit the server refused)."""
+        if self.run is None or self.run.stopped is not None:
+            return
+        self.run.stopped = message
+        self.role.stop_run(message)
 
     def begin(self, prepared: PreparedRun) -> ActiveRun:
         self.drop_run()

@@ -8,6 +8,7 @@ import time
 import gevent
 from locust import User, constant, task
 
+from hstu_replay.client.limits import limit_refusal
 from hstu_replay.errors import HstuReplayError, ServerUnavailable
 from hstu_replay.loadtest.runtime import ActiveRun
 from hstu_replay.loadtest.schedule import StagePosition
@@ -136,6 +137,9 @@ class HstuUser(User):
             outcome = Outcome(time.monotonic() - start, error=str(exc), refused=isinstance(exc, ServerUnavailable))
             if caches:
                 run.fleet.forget(server, request)
+            refused = limit_refusal(outcome.error)
+            if refused is not None:  # a limit the server did not publish: every request like it would fail
+                self.environment.hstu.stop_run(refused.line())
         if outcome.refused:
             server.availability.refused(position.stage.key)
         elif server.availability.answered():

@@ -53,6 +53,27 @@ def dumped_users(batches: Sequence) -> list[DumpedUser]:
     return pool
 
 
+@dataclass(frozen=True)
+class KnownAnswer:
+    """A cold request of dumped users whose answer the dump holds (`labels`: each user's)."""
+
+    request: RequestTensors
+    reference: np.ndarray
+    labels: tuple[str, ...]
+
+
+def known_answers(pool: Sequence[DumpedUser], batch_size: int, count: int, keys: KeyAllocator,
+                  limits: Limits) -> list[KnownAnswer]:
+    """The first `count` requests of `batch_size` dumped users, in the dump's order, each user on a key
+    of `keys` never sent before (cold, as the dump was written); none where the dump has no logits."""
+    if any(d.reference is None for d in pool):
+        return []
+    chunks = [pool[i:i + batch_size] for i in range(0, min(len(pool), batch_size * count), batch_size)]
+    return [KnownAnswer(build_request([d.request.with_key(keys.new_key()) for d in chunk], limits),
+                        np.concatenate([d.reference for d in chunk]), tuple(d.label for d in chunk))
+            for chunk in chunks]
+
+
 def pool_identities(pool: Sequence[DumpedUser]) -> list[int]:
     """The store user behind each dumped user (one user may be dumped in several batches)."""
     return [d.request.user_id for d in pool]

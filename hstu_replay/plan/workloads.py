@@ -65,6 +65,10 @@ class WorkloadOptions:
 class Workload(Protocol):
     def check(self, batch_sizes: tuple[int, ...]) -> None: ...
 
+    def known_answers(self, batch_size: int, count: int, keys: KeyAllocator) -> list:
+        """Up to `count` cold requests whose answers the data holds (`plan.dumps.KnownAnswer`), to be
+        compared before any load; none where the data holds no answers."""
+
     def source(self, keys: KeyAllocator, cache=None) -> StepSource:
         """One virtual user's source; `cache` is the process's model of the server's cache."""
 
@@ -102,6 +106,9 @@ class SessionWorkload:
 
     def history_cap(self, batch_size: int) -> int:
         return self.options.limits.history_cap(batch_size, self.options.candidates)
+
+    def known_answers(self, batch_size: int, count: int, keys: KeyAllocator) -> list:
+        return []
 
     def source(self, keys: KeyAllocator, cache=None) -> StepSource:
         from hstu_replay.plan.sessions import SessionSource, TierSteering
@@ -153,6 +160,11 @@ class DumpWorkload:
                                   f"{sum(sizes[:batch])} values; --max-values is {limits.max_values} "
                                   f"(dumped values cannot be trimmed: lower the batch size or raise --max-values)")
 
+    def known_answers(self, batch_size: int, count: int, keys: KeyAllocator) -> list:
+        from hstu_replay.plan.dumps import known_answers
+
+        return known_answers(self.pool, batch_size, count, keys, self.options.limits)
+
     def source(self, keys: KeyAllocator, cache=None) -> StepSource:
         from hstu_replay.plan.dumps import DumpSource
 
@@ -202,6 +214,9 @@ class TimelineWorkload:
 
     def history_cap(self, batch_size: int) -> int:
         return self.options.limits.history_cap(batch_size, self.options.candidates)
+
+    def known_answers(self, batch_size: int, count: int, keys: KeyAllocator) -> list:
+        return []
 
     def source(self, keys: KeyAllocator, cache=None) -> StepSource:
         from hstu_replay.plan.timeline import TimelineSource

@@ -106,3 +106,22 @@ def test_partial_hits_reuse_leaves_zero_and_one_as_they_were():
         source.settle(step, True)
     full = [source.next_step(1.0, 4) for _ in range(2)]  # every key holds its user's history: full hits
     assert all(s.prime is None and sum(s.expected_hits) == int(s.request.total_history_lengths.sum()) for s in full)
+
+
+def test_known_answers_are_the_first_dumped_users_in_order_each_on_a_fresh_key():
+    import numpy as np
+    from dataclasses import replace
+
+    from hstu_replay.plan.dumps import known_answers
+
+    pool = [replace(d, reference=np.full((8, 8), i, dtype=np.float32)) for i, d in enumerate(dump_pool(users=7))]
+    keys = KeyAllocator(0, 4095, nonce=5)
+    answers = known_answers(pool, 3, 2, keys, LIMITS)
+    assert [a.labels for a in answers] == [("batch 0 user 0", "batch 0 user 1", "batch 0 user 2"),
+                                           ("batch 0 user 3", "batch 0 user 4", "batch 0 user 5")]
+    assert [[u.user_id for u in a.request.users()] for a in answers] == [[500, 501, 502], [503, 504, 505]]
+    sent = [int(k) for a in answers for k in a.request.user_ids]
+    assert len(set(sent)) == 6 and all(k >> 23 & (2**20 - 1) == 4095 for k in sent)  # the slot's own keys
+    assert answers[1].reference[:, 0].tolist() == [3] * 8 + [4] * 8 + [5] * 8  # each user's rows, in order
+    assert len(known_answers(pool, 4, 5, keys, LIMITS)) == 2  # 7 users: a batch of 4, then one of 3
+    assert known_answers(dump_pool(users=4), 2, 2, keys, LIMITS) == []  # a dump without logits
