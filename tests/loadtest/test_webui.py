@@ -70,6 +70,7 @@ def test_a_rerun_from_the_web_ui_starts_clean(triton_server, reference_dumps, tm
     assert not {k for r in first for k in r["keys"]} & {k for r in second for k in r["keys"]}
     report = json.loads((tmp_path / "second" / "report.json").read_text())
     assert sum(b["requests"] for b in report["bins"]) == sum(r["kind"] == "measure" for r in second)
+    assert report["interrupted"] is None  # a run of the web UI that ended by itself: the SIGTERM came after
     # the live tab and Locust's own counters show the second run only
     assert [int(row["requests"]) for row in tab] == [b["requests"] for b in report["bins"]]
     locust_total = next(row for row in stats["stats"] if row["name"] == "Aggregated")["num_requests"]
