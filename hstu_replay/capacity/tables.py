@@ -69,8 +69,8 @@ def saturation_lines(data: dict) -> list[str]:
         if above:
             loads = ", ".join(load_text(s["load"]) for s in above)
             rates = ", ".join(fmt(s["logical_throughput"], ".1f") for s in above)
-            lines.append(f"{series_label(r)}: sustainable at {load_text(best['load'])} {unit} "
-                         f"({best['logical_throughput']:.1f} logical/s); {loads} {unit} also met the SLO but "
+            lines.append(f"{series_label(r)}: sustainable at {unit} {load_text(best['load'])} "
+                         f"({best['logical_throughput']:.1f} logical/s); {unit} {loads} also met the SLO but "
                          f"carried no more ({rates} logical/s): the server was saturated")
     return lines
 

@@ -191,13 +191,13 @@ def test_a_sustainable_step_below_other_passing_steps_is_explained(tmp_path):
     assert summary[0][1:3] == ["sustainable", "passed up to"] and summary[1][1:3] == ["2", "8"]
     text = tables.format_summary(data)
     assert tables.SUSTAINABLE_NOTE in text.splitlines()
-    assert ("hit ratio 0.50: sustainable at 2 users (36.0 logical/s); 4, 8 users also met the SLO but carried "
+    assert ("hit ratio 0.50: sustainable at users 2 (36.0 logical/s); users 4, 8 also met the SLO but carried "
             "no more (35.0, 34.5 logical/s): the server was saturated") in text.splitlines()
     steps = tables.steps_table(data)
     assert steps[0][:5] == ["hit ratio", "users", "req/s", "logical/s", "server req/s"] and steps[0][-1] == "verdict"
     assert [row[-1] for row in steps[1:]] == ["pass", "pass (sustainable)", "pass", "pass"]
     page = files.write_capacity(run_capacity(plan, scripted(curve)))["html"].read_text()
-    assert "passed up to" in page and "4, 8 users also met the SLO but carried no more" in page
+    assert "passed up to" in page and "users 4, 8 also met the SLO but carried no more" in page
     # the progress lines on the terminal sit under a header of the same columns
     header = tables.step_header_line("users")
     line = tables.step_line(0.5, StepResult(scripted(curve)(plan, 0.5, 4)), tmp_path, "users")
@@ -284,7 +284,7 @@ def capacity(out: Path, server, dumps, *args: str, timeout: float = 150.0) -> su
 
 @pytest.mark.integration
 def test_a_real_capacity_run(triton_server, reference_dumps, tmp_path):
-    result = capacity(tmp_path, triton_server, reference_dumps, "--hit-ratios", "0,1.0", "--users-steps", "1,2",
+    result = capacity(tmp_path, triton_server, reference_dumps, "--hit-ratios", "0,0.5,1.0", "--users-steps", "1,2",
                       "--slo-p99-ms", "60000", "--target-rps", "2000", "--batch-size", "8",
                       "--metrics-url", f"127.0.0.1:{triton_server.ports.metrics}",
                       "--cache-metrics-url", f"127.0.0.1:{triton_server.ports.cache_metrics}")
@@ -312,17 +312,27 @@ def test_a_real_capacity_run(triton_server, reference_dumps, tmp_path):
         assert workers["workers"] == max(1, math.ceil(250 * cpu / 1e3 / 0.7 - 1e-9))
         assert f"workers needed for 250 req/s (target 2,000 logical/s) at b8 h{ratio['hit_ratio']:.2f}: " \
                f"{workers['workers']} (client CPU {cpu:.3g} ms/request" in result.stdout
-    zero, one = data["ratios"]
-    # 100% hits come from reused keys (no priming request before each measured one), so they never
-    # need more servers than a cold cache: with a prime per request they used to need more.
-    assert (zero["hits_from"], one["hits_from"]) == ("none", "reuse")
-    assert one["sustainable"]["primes_per_request"] < 0.05
-    assert one["servers_needed"] <= zero["servers_needed"]
+    zero, half, one = data["ratios"]
+    # Hits come from reused keys (no priming request before each measured one), so a higher ratio never
+    # needs more servers than a cold cache: with a prime per request 0.5 needed more than 0 (39 to 30).
+    assert (zero["hits_from"], half["hits_from"], one["hits_from"]) == ("none", "reuse", "reuse")
+    assert one["sustainable"]["primes_per_request"] < 0.05 and half["sustainable"]["primes_per_request"] == 0
+    assert one["servers_needed"] <= min(zero["servers_needed"], half["servers_needed"])  # by 3x and 2x here
+    print("servers needed at 0, 0.5, 1.0:", [r["servers_needed"] for r in data["ratios"]],
+          "server requests / measured at 0.5:", [(s["server"]["count"], s["requests"]) for s in half["steps"]])
+    for step in half["steps"]:
+        # what the bug was, in the server's own count (Triton's statistics over the measured window): a
+        # measured request at 0.5 cost the server two requests, a prime and itself; now it costs one
+        # (give or take the requests in flight when the window opened and closed)
+        counted, measured = step["server"]["count"], step["requests"]
+        assert measured >= 10 and counted <= 1.05 * measured + 2 * step["load"], (counted, measured)
+        assert step["primes_per_request"] == 0 and step["server_rps"] == pytest.approx(step["throughput_rps"], rel=0.05)
     assert one["sustainable"]["logical_throughput"] > zero["sustainable"]["logical_throughput"]
     assert "hits from reuse" in result.stdout
     assert one["steps"][0]["metrics"]["cache"]["hit_tokens"] > 0
     assert zero["steps"][0]["metrics"]["cache"]["hit_tokens"] == 0
-    assert len(list(csv.DictReader((tmp_path / "capacity.csv").open()))) == 4
+    assert len(list(csv.DictReader((tmp_path / "capacity.csv").open()))) == 6
+    assert tables.step_header_line("users") in result.stdout.splitlines()  # the progress lines' header
     assert (tmp_path / "capacity.html").is_file()
     assert "servers" in result.stdout and "capacity written to" in result.stdout
 
