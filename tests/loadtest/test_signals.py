@@ -76,7 +76,26 @@ def test_ctrl_c_ends_the_web_ui_during_a_run_from_the_form(triton_server, refere
         took = interrupt(process)
     print(f"web UI mid-run: exit {took:.2f} s after SIGINT (code {process.returncode})")
     assert took < BOUND_S
-    assert_report_matches_records(report)
+    data = assert_report_matches_records(report)
+    assert process.returncode == INTERRUPTED_EXIT_CODE and data["interrupted"]["signal"] == "SIGINT"
+
+
+def test_the_web_ui_stop_button_is_a_normal_end_not_an_interruption(triton_server, reference_dumps, tmp_path):
+    (port,) = free_ports(1)
+    base, report = f"http://127.0.0.1:{port}", tmp_path / "report"
+    process = launch(tmp_path / "locust.log", "--web-port", str(port), "--report-dir", str(report),
+                     *sweep(triton_server, reference_dumps))
+    try:
+        wait_until(lambda: get_json(f"{base}/stats/requests")["state"] == "ready", 60, "the web UI")
+        assert post_form(f"{base}/swarm", {"user_count": 2, "spawn_rate": 2, "host": f"grpc://{triton_server.grpc_url}"})["success"]
+        wait_until(lambda: measuring(report), 90, "measured requests")
+        assert post_form(f"{base}/stop", {})["success"]
+        wait_until(lambda: get_json(f"{base}/stats/requests")["state"] == "stopped", 30, "the run to stop")
+        wait_until(lambda: (report / "report.json").is_file(), 10, "the report")
+    finally:
+        interrupt(process)  # the web UI idle: no run to interrupt
+    data = assert_report_matches_records(report)
+    assert data["interrupted"] is None and process.returncode != INTERRUPTED_EXIT_CODE, data.get("interrupted")
 
 
 def test_ctrl_c_ends_a_worker_and_then_its_master(triton_server, reference_dumps, tmp_path):
