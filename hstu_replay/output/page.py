@@ -14,15 +14,16 @@ from typing import Any
 from hstu_replay.output.text import NO_VALUE
 
 CSS = """
-body { font: 14px/1.4 system-ui, sans-serif; margin: 2em auto; padding: 0 1em; max-width: 72em; color: #222; }
+body { font: 14px/1.4 system-ui, sans-serif; margin: 2em auto; padding: 0 1em; max-width: 100em; color: #222; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
 p, li, dd, dt { overflow-wrap: anywhere; } pre { overflow-x: auto; }
 .table { max-width: 100%; overflow-x: auto; margin: .5em 0; }
 table { border-collapse: collapse; }
-th, td { border: 1px solid #ccc; padding: .2em .6em; text-align: right; background: #fff; }
-th { background: #f2f2f2; } td.text { text-align: left; }
+th, td { border: 1px solid #ccc; padding: .2em .4em; text-align: right; background: #fff; }
+.table { font-size: .92em; }
+th { background: #f2f2f2; white-space: normal; } td.text { text-align: left; }
 .table th:first-child, .table td:first-child { position: sticky; left: 0; z-index: 1; }
-.table td { white-space: nowrap; } .table td.text:last-child { white-space: normal; min-width: 24em; }
+.table td.text:last-child { min-width: 12em; }
 .verdict { padding: .6em 1em; border-radius: 4px; font-weight: bold; }
 .pass { background: #e3f6e3; color: #185c18; } .fail { background: #fbe4e4; color: #8a1414; }
 .none { background: #f2f2f2; color: #555; }

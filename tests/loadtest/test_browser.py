@@ -40,7 +40,7 @@ def expected_rows(report: dict) -> dict[str, list[str]]:
                         SOURCES[b["hit_source"]], str(b["requests"]), str(b["prime_requests"]),
                         _fixed(b["throughput_rps"], 1), _fixed(b["server_rps"], 1), _fixed(b["mean_ms"], 2),
                         _fixed(b["p50_ms"], 2), _fixed(b["p99_ms"], 2), _fixed(b["speedup"], 2),
-                        str(b["mismatches"]), flags[b["name"]]]
+                        str(b["errors"]), str(b["mismatches"]), flags[b["name"]]]
             for b in report["bins"]}
 
 
@@ -127,6 +127,11 @@ def test_a_run_from_the_form_draws_its_curve_and_stages(triton_server, reference
                 assert script_errors == []
                 page.goto(f"{base}/hstu/report.html")  # the full report, a click away
                 expect(page.locator("svg[data-chart='speedup']")).to_be_visible()
+                # every table of the report whole at 1,400 px: none scrolls sideways
+                scrolling = page.eval_on_selector_all(
+                    ".table", "els => els.filter(e => e.scrollWidth > e.clientWidth)"
+                              ".map(e => e.querySelector('th').textContent + ': ' + e.scrollWidth + ' > ' + e.clientWidth)")
+                assert scrolling == [], scrolling
             finally:
                 browser.close()
     finally:
