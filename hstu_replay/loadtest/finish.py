@@ -49,7 +49,7 @@ def current_report(environment) -> dict:
     report = build_report(run.stats, run_metadata(environment), run.server_stages, c.checks.tolerance,
                           requested_rps=c.sweep.request_rate if c.sweep.arrival.open else None, rules=c.report.rules)
     fleet = (fleet_section(run.stats, c.target.addresses, c.target.routing.value)
-             or gateway_section(run.backend_stages, c.target.fleet_metrics, run.stats))
+             or gateway_section(run.backend_stages, run.prepared.fleet_names, run.stats))
     if fleet is not None:
         report["fleet"] = jsonable(fleet)
         with_fleet_flags(report)

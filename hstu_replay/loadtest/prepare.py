@@ -41,6 +41,7 @@ class PreparedRun:
     schedule: Schedule
     workload: Workload | None  # None on a master: its workers replay the data
     caps: tuple[Cap, ...] = ()  # options left at their defaults, capped to the server's published limits
+    fleet_names: tuple[str, ...] = ()  # behind a gateway: each --fleet-metrics page's server, as it names itself
 
     @property
     def kind(self) -> WorkloadKind:
@@ -124,10 +125,12 @@ def server_budgets(config: LoadTestConfig, binding: ModelBinding) -> LoadTestCon
                                tuple(b.gpu_tokens for b in said) if len(said) > 1 else ())
 
 
-def check_fleet_metrics(target: TargetConfig) -> None:
-    """Behind a gateway: every server's metrics page answers, with the KV-cache counters, before any load."""
+def check_fleet_metrics(target: TargetConfig) -> tuple[str, ...]:
+    """Behind a gateway: every server's metrics page answers, with the KV-cache counters, before any
+    load. Each server's name: the gRPC address its page says it serves on, else the page's URL."""
     from hstu_replay.metrics import pages as metrics
 
+    names = []
     for url in target.fleet_metrics:
         try:
             scrape = metrics.scrape(url)
@@ -136,14 +139,15 @@ def check_fleet_metrics(target: TargetConfig) -> None:
         if scrape.total(metrics.CACHE_COUNTERS["requests"]) is None:
             raise ConfigError(f"--fleet-metrics {url}: no {metrics.CACHE_COUNTERS['requests']} series (give the "
                               "server's KV-cache metrics page, server serve --cache-metrics-port)")
+        names.append(metrics.server_address(scrape) or url)
+    return tuple(names)
 
 
 def prepare(config: LoadTestConfig, placement: Placement, binding: ModelBinding | None = None) -> PreparedRun:
     if config.sweep.stage_requests and not placement.role.ends_stages_on_count:
         raise ConfigError("--stage-requests ends stages in one process; distributed stages end on --stage-seconds")
     binding = binding or connect(config.target)
-    if placement.role.reports:
-        check_fleet_metrics(config.target)
+    fleet_names = check_fleet_metrics(config.target) if placement.role.reports else ()
     config = server_budgets(config, binding)
     config, caps = fit_to_server(config, binding.limits)
     data, sweep = config.data, config.sweep
@@ -160,4 +164,4 @@ def prepare(config: LoadTestConfig, placement: Placement, binding: ModelBinding 
     if data.kind.natural:
         ratios = (NATURAL,)  # one stage: the hit ratio is whatever the server's cache gives
     schedule = Schedule(sweep.batches, ratios, sweep.warmup_seconds, sweep.stage_seconds)
-    return PreparedRun(config, placement, binding, schedule, workload, caps)
+    return PreparedRun(config, placement, binding, schedule, workload, caps, fleet_names)
