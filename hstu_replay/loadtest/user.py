@@ -17,6 +17,7 @@ from hstu_replay.plan.keys import route_key
 from hstu_replay.plan.step import PlannedStep
 from hstu_replay.request import RequestTensors
 from hstu_replay.stats.accounting import Outcome, Sent
+from hstu_replay.stats.causes import cause_of
 from hstu_replay.verify import compare
 
 IDLE_S = 0.05  # before the sweep starts (users still spawning) and after it ends
@@ -149,7 +150,8 @@ class HstuUser(User):
             kind, label = "warmup", label + " (planned before the server restarted)"
         if intended is not None:
             outcome.lag_s = max(start - intended, 0.0)
-        exception = RuntimeError(outcome.error) if outcome.error else None
+        # Locust's failure table groups by message: it gets the cause (the example stays in our report)
+        exception = RuntimeError(cause_of(outcome.error)) if outcome.error else None
         if not prime and outcome.ok and step.reference is not None:
             checks = run.config.checks
             if self.rng.random() < checks.verify_fraction:
@@ -159,7 +161,7 @@ class HstuUser(User):
                     user = int(request.users()[v.worst_user].user_id) if v.worst_user >= 0 else -1
                     outcome.mismatch = (f"mismatch in {step.label}: user {user} max |diff| {v.max_abs_diff:.4g} "
                                         f"> {checks.tolerance} {v.reason}").rstrip()
-                    exception = MismatchError(outcome.mismatch)
+                    exception = MismatchError(cause_of(outcome.mismatch))
         hits = (0,) * request.batch_size if prime else step.expected_hits
         sent = Sent(kind, position.stage.key, request, hits, predicted.hits if predicted else (0,) * request.batch_size,
                     outcome, label, self.index, predicted.host if predicted else (), server.index)

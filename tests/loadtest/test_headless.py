@@ -168,6 +168,9 @@ def test_an_injected_wrong_answer_is_caught(triton_server, reference_dumps, tmp_
     assert row[-1].startswith("mismatches"), row
     assert f"hstu-replay: failures by cause: {count:,} in 1 cause:" in result.stderr, result.stderr[-2000:]
     assert f"{count:,}  {cause}" in result.stderr and f"e.g. {example}" in result.stderr
+    # Locust's own error report groups by the cause too (one row, not one per user and batch)
+    locust_rows = [line for line in (result.stdout + result.stderr).splitlines() if "MismatchError(" in line]
+    assert locust_rows and all(cause[:40] in line for line in locust_rows), locust_rows
 
 
 def test_a_model_of_another_interface_is_refused_in_one_line(triton_server, reference_dumps, tmp_path):
