@@ -9,6 +9,8 @@ client's cache model predicts.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from hstu_replay.client.limits import limit_refusal
 from hstu_replay.client.triton import ModelBinding, TritonClient
 from hstu_replay.errors import ConfigError, HstuReplayError, ServerError
@@ -16,13 +18,18 @@ from hstu_replay.loadtest.config import LoadTestConfig
 from hstu_replay.plan.keys import MAX_USERS_PER_WORKER, KeyAllocator
 from hstu_replay.verify import largest_difference
 
+if TYPE_CHECKING:
+    from hstu_replay.loadtest.prepare import Placement
+    from hstu_replay.plan.workloads import Workload
+
 #: requests of the largest batch size compared before the load
 CHECKED_REQUESTS = 2
 #: what writes dumps that match a served repository
 DUMP_COMMAND = "hstu-replay server dump --repository <the served repository> --store <store> --out <dir>"
 
 
-def check_dump_answers(config: LoadTestConfig, placement, binding: ModelBinding, workload) -> None:
+def check_dump_answers(config: LoadTestConfig, placement: Placement, binding: ModelBinding,
+                       workload: Workload) -> None:
     """One line (exit 2) where a server's answer to one of the data's first known answers differs
     beyond --tolerance; nothing where the data holds no answers or nothing is verified."""
     if config.checks.verify_fraction <= 0:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from hstu_replay.plan.over_limit import HistoryPolicy
 from hstu_replay.plan.reuse import HitMix, PartialHits
 from hstu_replay.plan.step import PlannedStep
 from hstu_replay.plan.tier_mix import TierMix
+
+if TYPE_CHECKING:
+    from hstu_replay.plan.dumps import KnownAnswer
 
 
 class StepSource(Protocol):
@@ -65,7 +68,7 @@ class WorkloadOptions:
 class Workload(Protocol):
     def check(self, batch_sizes: tuple[int, ...]) -> None: ...
 
-    def known_answers(self, batch_size: int, count: int, keys: KeyAllocator) -> list:
+    def known_answers(self, batch_size: int, count: int, keys: KeyAllocator) -> list[KnownAnswer]:
         """Up to `count` cold requests whose answers the data holds (`plan.dumps.KnownAnswer`), to be
         compared before any load; none where the data holds no answers."""
 
@@ -107,7 +110,7 @@ class SessionWorkload:
     def history_cap(self, batch_size: int) -> int:
         return self.options.limits.history_cap(batch_size, self.options.candidates)
 
-    def known_answers(self, batch_size: int, count: int, keys: KeyAllocator) -> list:
+    def known_answers(self, batch_size: int, count: int, keys: KeyAllocator) -> list[KnownAnswer]:
         return []
 
     def source(self, keys: KeyAllocator, cache=None) -> StepSource:
@@ -160,7 +163,7 @@ class DumpWorkload:
                                   f"{sum(sizes[:batch])} values; --max-values is {limits.max_values} "
                                   f"(dumped values cannot be trimmed: lower the batch size or raise --max-values)")
 
-    def known_answers(self, batch_size: int, count: int, keys: KeyAllocator) -> list:
+    def known_answers(self, batch_size: int, count: int, keys: KeyAllocator) -> list[KnownAnswer]:
         from hstu_replay.plan.dumps import known_answers
 
         return known_answers(self.pool, batch_size, count, keys, self.options.limits)
@@ -215,7 +218,7 @@ class TimelineWorkload:
     def history_cap(self, batch_size: int) -> int:
         return self.options.limits.history_cap(batch_size, self.options.candidates)
 
-    def known_answers(self, batch_size: int, count: int, keys: KeyAllocator) -> list:
+    def known_answers(self, batch_size: int, count: int, keys: KeyAllocator) -> list[KnownAnswer]:
         return []
 
     def source(self, keys: KeyAllocator, cache=None) -> StepSource:

@@ -106,3 +106,14 @@ def test_a_limit_refused_by_a_server_that_publishes_none_stops_the_distributed_r
     assert report["run"]["stopped"] == line.removeprefix("hstu-replay: error: ")
     assert report["run"]["server_limits"] is None
     assert sum(report["errors"].values()) >= 1  # the refusals, counted
+
+
+def test_a_limit_refused_by_a_server_that_publishes_none_stops_a_local_run(unpublished_server, long_store, tmp_path):
+    result = run_locust(tmp_path, "-u", "1", "-r", "1", "--triton-url", unpublished_server.grpc_url, "--workload",
+                        "sessions", "--store", str(long_store), "--hit-ratios", "0", "--batch-sizes", "1",
+                        "--stage-seconds", "120", "--warmup-seconds", "0", "--max-error-ratio", "0", timeout=90)
+    assert result.returncode == 6, result.stderr[-2000:]  # whatever the thresholds say
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("hstu-replay: error")]
+    assert line.startswith("hstu-replay: error: the server refused a history of ")
+    assert line.endswith(" items: its limit is 256; set --max-history 256 or less")
+    assert result.report["run"]["stopped"] == line.removeprefix("hstu-replay: error: ")
