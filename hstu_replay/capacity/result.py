@@ -18,7 +18,8 @@ from hstu_replay.output.files import jsonable
 SERVERS_BASIS = {
     "none": "measured traffic, cold cache",
     "reuse": "measured traffic whose hits come from reused keys",
-    "priming": "upper bound: the server also computed a priming request before each measured one",
+    "priming": "upper bound: the server also computed priming requests (primes_per_request: how many per "
+               "measured one)",
 }
 
 

@@ -166,7 +166,7 @@ class RatioResult:
     @property
     def hits_from(self) -> str | None:
         """How the sustainable step's traffic got its hits: `reuse` (keys that come back, as real
-        users do), `priming` (each measured request followed a priming request on a fresh key,
+        users do), `priming` (more than PRIMED priming requests per measured one, on fresh keys,
         which the server computed too: its fleet size is an upper bound), or `none` (a cold ratio)."""
         best = self.sustainable
         if best is None:

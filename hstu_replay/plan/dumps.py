@@ -130,8 +130,10 @@ class DumpSource:
                     primes.append(replace(user, history_items=user.history_items[:prefix],
                                           history_actions=user.history_actions[:prefix],
                                           candidates=user.candidates[:1]))
-            if mixed:
+            if mixed and warm:
                 self.mix.book(target, hits[-1], tokens)
+            elif mixed:
+                self.mix.missed(target, tokens)
             handles.append((i, users[-1].key, tokens, owner))
         references = [self.pool[i].reference for i in chosen]
         return PlannedStep(

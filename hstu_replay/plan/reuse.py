@@ -27,20 +27,30 @@ class HitMix:
     """Which requests of a stream are full hits, so that hit tokens / tokens sent stays at the target.
 
     One tally per target: a request of `tokens` is a hit when that brings the tally nearer the
-    target than a miss would (hits + tokens / 2 < target x (sent + tokens)), so the tally never
-    strays from the target by more than one request's tokens once a reusable key is at hand.
+    target than a miss would (hits + tokens / 2 < target x (sent + tokens)), so the tally strays
+    from the target by at most half a request's tokens while a reusable key is at hand. A miss
+    with none at hand (`missed`: a user whose key holds nothing yet, as in a stream's first pass
+    over its users) leaves a shortfall of at most half its tokens: were the whole first pass owed,
+    the hits paying it back would hold the ratio above the target for about as long again.
     """
 
     def __init__(self) -> None:
-        self._tallies: dict[float, tuple[int, int]] = {}  # target -> (hit tokens, tokens sent)
+        self._tallies: dict[float, tuple[float, int]] = {}  # target -> (hit tokens, tokens sent)
 
     def wants_hit(self, target: float, tokens: int) -> bool:
-        hits, sent = self._tallies.get(target, (0, 0))
+        hits, sent = self._tallies.get(target, (0.0, 0))
         return hits + tokens / 2 < target * (sent + tokens)
 
     def book(self, target: float, hit_tokens: int, tokens: int) -> None:
-        hits, sent = self._tallies.get(target, (0, 0))
+        """A request sent as `wants_hit` chose: `hit_tokens` of its `tokens` found cached."""
+        hits, sent = self._tallies.get(target, (0.0, 0))
         self._tallies[target] = (hits + hit_tokens, sent + tokens)
+
+    def missed(self, target: float, tokens: int) -> None:
+        """A request sent cold for want of a filled key: its shortfall is carried up to half its tokens."""
+        hits, sent = self._tallies.get(target, (0.0, 0))
+        sent += tokens
+        self._tallies[target] = (max(hits, target * sent - tokens / 2), sent)
 
 
 def warm_items(target: float, held_tokens: int, sent_items: int, max_items: int) -> int | None:

@@ -60,3 +60,18 @@ def test_a_hit_mix_keeps_the_tally_within_one_request_of_the_target():
         assert abs(hits - 0.3 * sent) <= 512 / 2  # at most half the largest request from the target
     assert mix.wants_hit(0.7, 100)  # each target keeps its own tally: 0.7 starts afresh (a hit brings it nearer)
     assert not HitMix().wants_hit(0.4, 100)  # 0 of 100 is nearer 0.4 than 100 of 100
+
+
+def test_misses_with_no_key_at_hand_are_not_paid_back_at_length():
+    """50 cold requests of 100 tokens (a first pass: no key holds anything yet), then choices at 0.5:
+    the shortfall carried is half a request's, so the choices alternate at once instead of 25 hits in a row."""
+    from hstu_replay.plan.reuse import HitMix
+
+    mix = HitMix()
+    for _ in range(50):
+        mix.missed(0.5, 100)
+    chosen = []
+    for _ in range(6):
+        chosen.append(mix.wants_hit(0.5, 100))
+        mix.book(0.5, 100 if chosen[-1] else 0, 100)
+    assert chosen == [True, False, True, False, True, False]
