@@ -1,6 +1,7 @@
 """The run's HTML report on a laptop screen: Debian's chromium driven by Playwright renders
-report.html at 1,400 px; the page is no wider than the window, and the stages table, wider than
-its box, scrolls inside it with the stage names kept in view."""
+report.html at 1,400 px, where the page is no wider than the window and every table shows whole
+(none scrolls); in a narrower window (900 px) the stages table, wider than its box, scrolls inside
+it with the stage names kept in view."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ pytestmark = pytest.mark.integration
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's; Playwright's own browser download is not used
 LAPTOP = {"width": 1400, "height": 900}
+NARROW = {"width": 900, "height": 900}
 STAGES_BOX = "h2:has-text('Stages') + div.table"
 
 
@@ -48,6 +50,11 @@ def test_the_run_report_fits_a_laptop_screen(tmp_path):
             page.goto(html.as_uri())
             width = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
             assert width[0] <= width[1], f"the page is {width[0]} px wide in a window of {width[1]} px"
+            scrolling = page.eval_on_selector_all(".table", "els => els.filter(e => e.scrollWidth > e.clientWidth)"
+                                                            ".map(e => (e.previousElementSibling || e).textContent.slice(0, 60))")
+            assert scrolling == [], f"tables wider than the window at 1,400 px: {scrolling}"
+            page = browser.new_page(viewport=NARROW)
+            page.goto(html.as_uri())
             box = page.locator(STAGES_BOX)
             inner, shown = box.evaluate("e => [e.scrollWidth, e.clientWidth]")
             assert inner > shown, "the stages table fits: nothing here to scroll"
