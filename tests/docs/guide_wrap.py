@@ -5,7 +5,9 @@ command. The command runs as written, with three changes a reader's terminal doe
 - runs are shortened: a headless or master Locust run gets `--stage-seconds 2 --warmup-seconds 0.5`
   appended (the last value of an option wins), capacity searches `--step-seconds 2 --warmup-seconds 0.5`;
 - a headless run's report is read afterwards: a stage with a failed or mismatched request fails
-  the command (exit 1), as a reader would count that guide broken;
+  the command (exit 1), as a reader would count that guide broken; a threshold failure (exit 3)
+  that only the machine's flags caused (a shortened stage is thin; a loaded 2-core machine's client
+  lags: tests/conftest.py MACHINE_FLAGS) passes, as the suite's other runs judge them;
 - the web UI (Locust without --headless, --master or --worker) is started, asked for its page
   and stopped, rather than left serving.
 """
@@ -20,6 +22,9 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from hstu_replay.loadtest.finish import THRESHOLD_EXIT_CODE
+from tests.conftest import beyond_the_machine
 
 SHORT_STAGES = ("--stage-seconds", "2", "--warmup-seconds", "0.5")
 SHORT_STEPS = ("--step-seconds", "2", "--warmup-seconds", "0.5")
@@ -49,10 +54,14 @@ def _headless(args: list[str]) -> int:
     if not report.exists():
         print(f"guide check: no {report} after the run (exit {code})", file=sys.stderr)
         return code or 1
-    failing = failing_stages(json.loads(report.read_text()))
+    written = json.loads(report.read_text())
+    failing = failing_stages(written)
     if failing:
         print("guide check: stages with failures: " + "; ".join(failing), file=sys.stderr)
         return code or 1
+    if code == THRESHOLD_EXIT_CODE and not beyond_the_machine(written["thresholds"]["violations"]):
+        print("guide check: only the machine's flags failed the thresholds: passed", file=sys.stderr)
+        return 0
     return code
 
 
