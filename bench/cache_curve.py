@@ -24,7 +24,7 @@ from bench.harness import table, this_command
 from hstu_replay.cache_ledger import CacheLedger
 from hstu_replay.data.store import SequenceStore
 from hstu_replay.interface import Limits
-from hstu_replay.plan.cache_curve import cache_curve
+from hstu_replay.analysis.cache_curve import cache_curve
 from hstu_replay.plan.timeline import build_trace, group_requests
 
 

@@ -6,7 +6,7 @@
 
 For each history limit (`--limits`, default the model's 4,096 items and the small target's 256)
 and each policy (skip, oldest, rebase), the trace and curve `plan cache-curve` computes
-(`plan.store_curve.store_curve`: one visit a request, batch 1, pages of `--page-tokens`): the visits of
+(`analysis.store_curve.store_curve`: one visit a request, batch 1, pages of `--page-tokens`): the visits of
 each kind with their share of history tokens, the budget each policy needs for 0.8 / 0.9 / 0.95 of
 history tokens from cache, and the curve's ratio at NVIDIA's published pools:
 `inference_aoti/kvcache_cpp_runtime.yaml` (102,400 pages x 32 = 3,276,800 tokens) and
@@ -22,7 +22,7 @@ import time
 from bench.harness import table, this_command
 from hstu_replay.interface import Limits
 from hstu_replay.plan.over_limit import KINDS, HistoryPolicy, OverLimit
-from hstu_replay.plan.store_curve import CurveOptions, store_curve
+from hstu_replay.analysis.store_curve import CurveOptions, store_curve
 
 #: NVIDIA's published KV-cache pools, in tokens (pages of 32)
 POOLS = {"gr_ranking 327,680": 10_240 * 32, "cpp_runtime 3,276,800": 102_400 * 32}

@@ -53,7 +53,7 @@ def piece_open(store: str, args) -> dict:
 def piece_curve(store: str, args, policy: str, tiers: bool) -> dict:
     from hstu_replay.interface import Limits
     from hstu_replay.plan.over_limit import HistoryPolicy
-    from hstu_replay.plan.store_curve import CurveOptions, store_curves
+    from hstu_replay.analysis.store_curve import CurveOptions, store_curves
 
     options = CurveOptions(store=store, limits=Limits(max_history=args.max_history),
                            policy=HistoryPolicy.of(policy, 0.5))

@@ -39,6 +39,14 @@ def split_args(flag: str, text: str) -> tuple[str, ...]:
         raise ConfigError(f"{flag} {text!r}: {exc}") from None
 
 
+def within(*checks: tuple[str, int, int, int | None]) -> None:
+    """Each (flag, value, low, high) with low <= value (<= high); else one line naming the first that is not."""
+    for name, value, low, high in checks:
+        if value < low or (high is not None and value > high):
+            bounds = f"{low}..{high}" if high is not None else f">= {low}"
+            raise ConfigError(f"{name} must be {bounds}, got {value}")
+
+
 def numbers(flag: str, text: str, low: float | None = None, high: float | None = None, *,
             above: bool = False, integral: bool = False, blanks: bool = False, count: int | None = None,
             digits: bool = False, form: str = "comma-separated numbers") -> tuple[float, ...]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hstu_replay.output.chart import COLORS, MARK_COLOR, Axis, Key, Point, Series, chart, nice_ticks
-from hstu_replay.plan.cache_curve import CacheCurve
+from hstu_replay.analysis.cache_curve import CacheCurve
 
 MILLION = 1e6  # the x axis counts millions of tokens
 

@@ -1,6 +1,6 @@
 """What `hstu-replay plan cache-curve` writes and prints: curve.json (the trace, the options, the
 requested budgets and the curve's steps), curve.csv (every step: budget tokens, hit ratio) and
-curve.svg (`plan.curve_chart`). With host budgets, also the two-tier grid: curve.json's `tiers`
+curve.svg (`analysis.curve_chart`). With host budgets, also the two-tier grid: curve.json's `tiers`
 and curve_tiers.csv.
 """
 
@@ -13,10 +13,10 @@ from pathlib import Path
 import orjson
 
 from hstu_replay.output.chart import standalone
-from hstu_replay.plan.cache_curve import CacheCurve
-from hstu_replay.plan.curve_chart import curve_chart
-from hstu_replay.plan.store_curve import CurveOptions
-from hstu_replay.plan.tier_curve import TierCurve
+from hstu_replay.analysis.cache_curve import CacheCurve
+from hstu_replay.analysis.curve_chart import curve_chart
+from hstu_replay.analysis.store_curve import CurveOptions
+from hstu_replay.analysis.tier_curve import TierCurve
 
 CURVE_JSON, CURVE_CSV, CURVE_SVG, TIERS_CSV = "curve.json", "curve.csv", "curve.svg", "curve_tiers.csv"
 
@@ -40,7 +40,7 @@ def curve_json(curve: CacheCurve, info: dict, options: CurveOptions, budgets: li
 
 def tiers_json(tiers: TierCurve, gpu_budgets: list[int], host_budgets: list[int]) -> dict:
     """curve.json's `tiers`: the token hit ratio per tier at every (GPU budget, host budget) asked for."""
-    return {"computed": "offline, one pass of stack distances per pool (plan.tier_curve)",
+    return {"computed": "offline, one pass of stack distances per pool (analysis.tier_curve)",
             "offload_mode": tiers.offload_mode, "exact_from_tokens": tiers.exact_from_tokens,
             "grid": tiers.grid(gpu_budgets, host_budgets)}
 

@@ -1,7 +1,7 @@
 """The hit-ratio-vs-budget curve of a store's natural replay: the store opened, its trace built,
 the one-pass curve (`cache_curve`) and, with an offload mode, the two-tier one (`tier_curve`).
 
-`plan cache-curve` writes it out (`plan.curve_files`); `capacity natural` and the benches read it.
+`plan cache-curve` writes it out (`analysis.curve_files`); `capacity natural` and the benches read it.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from hstu_replay.cache_ledger import DEFAULT_OFFLOAD_CHUNK_TOKENS, DEFAULT_PAGE_
 from hstu_replay.data.store import open_store
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import Limits
-from hstu_replay.plan.cache_curve import CacheCurve, cache_curve
+from hstu_replay.analysis.cache_curve import CacheCurve, cache_curve
 from hstu_replay.plan.over_limit import HistoryPolicy
-from hstu_replay.plan.tier_curve import TierCurve, tier_curve
+from hstu_replay.analysis.tier_curve import TierCurve, tier_curve
 from hstu_replay.plan.timeline import build_trace, group_requests
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hstu_replay.cache_ledger import DEFAULT_OFFLOAD_CHUNK_TOKENS, DEFAULT_PAGE_TOKENS
-from hstu_replay.plan.cache_curve import Returns, return_thresholds
+from hstu_replay.analysis.cache_curve import Returns, return_thresholds
 from hstu_replay.plan.tiers import host_tokens
 
 

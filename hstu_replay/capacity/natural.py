@@ -17,7 +17,7 @@ Every figure in capacity_natural.json says whether it was computed (the curve) o
 With host budgets (`--host-budgets`) the GPU search runs behind each host budget in turn: each
 target gets that host pool behind the GPU budget being measured, the Locust client models both
 tiers, and each step adds the token hit ratio per tier, computed from the two-tier curve
-(`plan.tier_curve`) and measured from the run's report (the server's word where it sends
+(`analysis.tier_curve`) and measured from the run's report (the server's word where it sends
 HOST_CACHED_TOKENS). The result's `frontier` says, per host budget, the GPU memory that meets the
 SLO; the answer is the pair needing the least GPU memory. The GPU budgets measured are the same
 behind every host budget (picked from the one-tier curve, or given); the computed grid over both
@@ -101,7 +101,7 @@ def _store_trace(store: str, candidates: int, limits: Limits, batch_size: int, p
 
 def curves(plan: NaturalPlan) -> dict[int, list]:
     """servers n -> the curve of each server's share (shards 0..n-1 of n) of the store's natural replay."""
-    from hstu_replay.plan.cache_curve import cache_curve
+    from hstu_replay.analysis.cache_curve import cache_curve
     from hstu_replay.plan.timeline import group_requests, shard_trace
 
     trace, out = _trace(plan), {}
@@ -116,7 +116,7 @@ def curves(plan: NaturalPlan) -> dict[int, list]:
 
 def tier_curves(plan: NaturalPlan) -> dict[int, list]:
     """servers n -> the two-tier curve of each server's share; empty without a host tier."""
-    from hstu_replay.plan.tier_curve import tier_curve
+    from hstu_replay.analysis.tier_curve import tier_curve
     from hstu_replay.plan.timeline import group_requests, shard_trace
 
     if not plan.host_budget_tokens:
@@ -165,7 +165,7 @@ def window_figures(plan: NaturalPlan, budget: int, servers: int, shard: int,
     less the first `warm-up`. Visits that failed are taken out and their users go on with fresh
     keys, as the run did (`after_failures`): the curve less what the lost keys could not hit."""
     from hstu_replay.data.store import SequenceStore
-    from hstu_replay.plan.cache_curve import cache_curve
+    from hstu_replay.analysis.cache_curve import cache_curve
     from hstu_replay.plan.timeline import after_failures, group_requests, shard_trace, visits_mask
 
     if report is None:

@@ -16,6 +16,7 @@ from hstu_replay.loadtest.config import LoadTestConfig, TargetConfig
 from hstu_replay.loadtest.dump_check import check_dump_answers
 from hstu_replay.loadtest.schedule import Schedule
 from hstu_replay.loadtest.server_limits import Cap, fit_to_server
+from hstu_replay.loadtest.waiting import GREENLETS
 from hstu_replay.plan.workloads import Workload, WorkloadKind, WorkloadOptions
 from hstu_replay.stats.run_stats import NATURAL
 
@@ -156,7 +157,8 @@ def prepare(config: LoadTestConfig, placement: Placement, binding: ModelBinding 
         options = WorkloadOptions(data.path, data.candidates, data.limits, data.seed, placement.worker_index,
                                   placement.worker_count, data.time_scale, sweep.open_rate, data.time_slice_ms,
                                   data.shard, data.policy, config.cache.tier_mix,
-                                  data.working_set, user_servers(config.target), partial_hits=data.partial_hits)
+                                  data.working_set, user_servers(config.target), partial_hits=data.partial_hits,
+                                  waiting=GREENLETS)
         workload = data.kind.opens(options)
         workload.check(sweep.batches)
         check_dump_answers(config, placement, binding, workload)

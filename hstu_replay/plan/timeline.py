@@ -24,6 +24,7 @@ from hstu_replay.plan.over_limit import KINDS, HistoryPolicy, VisitAccounts
 from hstu_replay.plan.retired import RetiredKeys
 from hstu_replay.plan.sessions import visit_starts
 from hstu_replay.plan.step import PlannedStep
+from hstu_replay.plan.waiting import THREADS, Waiting
 from hstu_replay.request import UserRequest, build_request
 
 
@@ -247,8 +248,9 @@ class Timeline:
 
     def __init__(self, store, trace: Trace, bounds: np.ndarray, candidates: int, limits: Limits,
                  time_scale: float = 0.0, request_rate: float = 0.0, start_ms: int | None = None,
-                 user_servers: np.ndarray | None = None):
+                 user_servers: np.ndarray | None = None, waiting: Waiting = THREADS):
         self.store, self.trace, self.bounds, self.limits = store, trace, bounds, limits
+        self.waiting = waiting  # how a taker waits for the requests before its own (the load test's greenlets)
         self.user_servers = user_servers  # a fleet's: store user -> the server its key lands on (None: any)
         # log time of the sweep's start: the whole trace's first visit, so shards keep one clock
         self.start_ms = int(trace.times_ms[0]) if start_ms is None else start_ms
@@ -299,21 +301,18 @@ class Timeline:
 
         The request is queued behind them before it waits, so a request taken later for one of its
         users waits for this one too: a user's visits reach the server in log order."""
-        import gevent
-        from gevent.event import Event
-
         if self.next_request >= self.requests:
             raise PlanError(f"the trace's {self.requests} requests have all been sent")
         r, self.next_request = self.next_request, self.next_request + 1
         before = {id(e): e for u in self.users_of(r) if (e := self._latest.get(u)) is not None}
-        mine = self._settled[r] = Event()
+        mine = self._settled[r] = self.waiting.event()
         for u in self.users_of(r):
             self._latest[u] = mine
         try:
             for event in before.values():
                 event.wait()
         except BaseException:  # stopped while waiting: it settles once what it waited for has
-            gevent.spawn(self._release_after, r, list(before.values()))
+            self.waiting.spawn(self._release_after, r, list(before.values()))
             raise
         return r
 

@@ -24,6 +24,7 @@ from hstu_replay.plan.over_limit import HistoryPolicy
 from hstu_replay.plan.reuse import HitMix, PartialHits
 from hstu_replay.plan.step import PlannedStep
 from hstu_replay.plan.tier_mix import TierMix
+from hstu_replay.plan.waiting import THREADS, Waiting
 
 if TYPE_CHECKING:
     from hstu_replay.plan.dumps import KnownAnswer
@@ -63,6 +64,7 @@ class WorkloadOptions:
     user_servers: Callable[[np.ndarray], np.ndarray] | None = None  # natural replay over a fleet by key:
     # store indices -> each user's server (a request's users then share one)
     partial_hits: PartialHits = PartialHits.PRIME  # dumps: ratios between 0 and 1 from primes or from reuse
+    waiting: Waiting = THREADS  # natural replay: how its virtual users wait their turn (the load test's greenlets)
 
 
 class Workload(Protocol):
@@ -213,7 +215,7 @@ class TimelineWorkload:
         self.timeline = Timeline(self.store, trace, group_requests(trace, o.slice_ms, batch, visit_servers),
                                  o.candidates, o.limits, o.time_scale, o.request_rate,
                                  start_ms=first_visit_ms(self.store, o.candidates, o.limits, batch, o.policy),
-                                 user_servers=user_servers)
+                                 user_servers=user_servers, waiting=o.waiting)
 
     def history_cap(self, batch_size: int) -> int:
         return self.options.limits.history_cap(batch_size, self.options.candidates)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hstu_replay.cache_ledger import CacheLedger
-from hstu_replay.plan.cache_curve import cache_curve
+from hstu_replay.analysis.cache_curve import cache_curve
 
 PAGE = 32
 

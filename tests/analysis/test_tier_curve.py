@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from hstu_replay.plan.tier_curve import tier_curve
+from hstu_replay.analysis.tier_curve import tier_curve
 from tests.oracle.server import OracleCache, TwoTierCache
 PAGE = 32
 

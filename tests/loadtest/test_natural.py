@@ -10,7 +10,7 @@ import tritonclient.grpc as grpcclient
 from hstu_replay.data.store import SequenceStore
 from hstu_replay.interface import Limits
 from hstu_replay.loadtest.records import read_records
-from hstu_replay.plan.cache_curve import cache_curve
+from hstu_replay.analysis.cache_curve import cache_curve
 from hstu_replay.plan.over_limit import KINDS
 from hstu_replay.plan.timeline import build_trace, group_requests
 from hstu_replay.report.natural import NATURAL_CSV, natural_section, write_natural_csv

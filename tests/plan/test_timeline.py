@@ -114,11 +114,12 @@ def test_send_times_follow_the_log_scaled_or_the_rate():
 def test_a_users_next_visit_waits_for_its_last_answer():
     import gevent
 
+    from hstu_replay.loadtest.waiting import GREENLETS
     from hstu_replay.plan.timeline import Timeline
 
     store = _Times([0, 70_000, 140_000], [0, 100_000])
     trace = build_trace(store, candidates=1, limits=Limits(), batch_size=1)
-    timeline = Timeline(store, trace, group_requests(trace, 0, 1), 1, Limits())
+    timeline = Timeline(store, trace, group_requests(trace, 0, 1), 1, Limits(), waiting=GREENLETS)
     assert trace.users.tolist() == [0, 1, 0]
     assert timeline.take() == 0 and timeline.take() == 1
     third = gevent.spawn(timeline.take)  # user 0 again: in flight since request 0
@@ -138,11 +139,12 @@ def test_a_users_visits_go_in_log_order_whoever_takes_them_first():
     import gevent
     import pytest
 
+    from hstu_replay.loadtest.waiting import GREENLETS
     from hstu_replay.plan.timeline import Timeline
 
     store = _Times([0, 70_000, 140_000, 210_000])
     trace = build_trace(store, candidates=1, limits=Limits(), batch_size=1)
-    timeline = Timeline(store, trace, group_requests(trace, 0, 1), 1, Limits())
+    timeline = Timeline(store, trace, group_requests(trace, 0, 1), 1, Limits(), waiting=GREENLETS)
     assert trace.users.tolist()[:3] == [0, 0, 0]
     assert timeline.take() == 0
     second = gevent.spawn(timeline.take)
@@ -157,11 +159,12 @@ def test_a_users_visits_go_in_log_order_whoever_takes_them_first():
 def test_a_taker_stopped_while_waiting_lets_the_requests_behind_it_go():
     import gevent
 
+    from hstu_replay.loadtest.waiting import GREENLETS
     from hstu_replay.plan.timeline import Timeline
 
     store = _Times([0, 70_000, 140_000, 210_000])
     trace = build_trace(store, candidates=1, limits=Limits(), batch_size=1)
-    timeline = Timeline(store, trace, group_requests(trace, 0, 1), 1, Limits())
+    timeline = Timeline(store, trace, group_requests(trace, 0, 1), 1, Limits(), waiting=GREENLETS)
     assert timeline.take() == 0
     stopped = gevent.spawn(timeline.take)  # request 1, waiting for request 0
     gevent.sleep(0.05)
@@ -170,6 +173,25 @@ def test_a_taker_stopped_while_waiting_lets_the_requests_behind_it_go():
     stopped.kill()  # as Locust stops a user
     timeline.release(0)
     assert behind.get(timeout=1) == 2
+
+
+def test_outside_locust_a_taker_waits_on_a_plain_thread():
+    import threading
+
+    from hstu_replay.plan.timeline import Timeline
+
+    store = _Times([0, 70_000, 140_000], [0, 100_000])
+    trace = build_trace(store, candidates=1, limits=Limits(), batch_size=1)
+    timeline = Timeline(store, trace, group_requests(trace, 0, 1), 1, Limits())  # the default: threads
+    assert timeline.take() == 0 and timeline.take() == 1
+    taken = []
+    third = threading.Thread(target=lambda: taken.append(timeline.take()), daemon=True)  # user 0 again
+    third.start()
+    third.join(0.05)
+    assert third.is_alive() and taken == []
+    timeline.release(0)
+    third.join(1)
+    assert taken == [2] and timeline.exhausted
 
 
 def test_shards_keep_the_whole_logs_clock():
@@ -221,7 +243,7 @@ def test_a_failed_requests_user_continues_on_a_fresh_key():
 
 
 def test_the_curve_after_a_failure_loses_what_the_replaced_key_held():
-    from hstu_replay.plan.cache_curve import cache_curve
+    from hstu_replay.analysis.cache_curve import cache_curve
     from hstu_replay.plan.timeline import after_failures, label_visits, visits_mask
 
     store = _Store([0, 70_000, 140_000, 210_000], [0, 100_000])
