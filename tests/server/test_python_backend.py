@@ -18,8 +18,10 @@ from tests.conftest import MACHINE_LENIENT, run_locust, start_server, stop_serve
 from tests.exposition import exposed
 from tests.server.test_serve import infer, prefix, user
 
-SETTINGS = BackendSettings("cached", "m", "batched", "/repo", "small", "bfloat16", 3, 4096, 32, "cpu", "127.0.0.1",
-                           8003, "/tmp/x/cache.sock", reserve_pool=True)
+SETTINGS = BackendSettings(role="cached", model="m", engine="batched", repository="/repo", config="small",
+                           dtype="bfloat16", seed=3, cache_budget_tokens=4096, page_tokens=32, device="cpu",
+                           host="127.0.0.1", cache_metrics_port=8003, control_socket="/tmp/x/cache.sock",
+                           reserve_pool=True)
 
 
 def test_the_settings_survive_the_config_text():
@@ -76,11 +78,16 @@ def test_locust_replays_the_reference_dumps_through_the_python_backend(native_se
     result = run_locust(
         tmp_path / "report", "-u", "1", "-r", "1", "--triton-url", server.grpc_url, "--workload", "dumps",
         "--dump-dir", str(reference_dumps), "--hit-ratios", "0,0.5,1.0", "--batch-sizes", "8",
-        "--stage-seconds", "3", "--warmup-seconds", "1", "--max-history", "256", "--max-mismatches", "0",
+        "--stage-seconds", "3", "--warmup-seconds", "1", "--max-mismatches", "0",
         *MACHINE_LENIENT,
     )
     assert result.violations_but_the_machines() == []
     report = result.report
+    # --max-history left out: the model's published limits cap it (8 users of 6 + 2 x (256 + 32) values)
+    assert report["run"]["server_limits"] == {
+        "published": {"max_batch": 8, "max_values": 4656, "max_candidates": 32, "max_history": 256},
+        "caps": [{"option": "--max-history", "asked": 4096, "used": 256},
+                 {"option": "--max-values", "asked": 40_000, "used": 4656}]}
     verification = report["verification"]
     assert verification["mismatches"] == 0  # the compiled packages' logits, from the dumps
     assert verification["verified"] == sum(b["requests"] for b in report["bins"]) > 0
