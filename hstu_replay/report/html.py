@@ -105,10 +105,23 @@ def _run(run: Mapping) -> str:
             shown = utc_time(value)
         elif key == "history_caps":
             shown = "; ".join(f"batch {b}: {c:,} items" for b, c in value.items()) if value else "none"
+        elif key == "server_limits":
+            shown = _server_limits(value)
         else:
             shown = _value(value)
         rows.append([RUN_LABELS.get(key, key.replace("_", " ")), shown])
     return table(["", "value"], rows, text_cols=2)
+
+
+def _server_limits(section: Mapping | None) -> str:
+    """What the server's model published, and the defaults capped to it (run.server_limits)."""
+    if section is None:
+        return "none published"
+    p = section["published"]
+    text = (f"batch {p['max_batch']}, {p['max_values']:,} values, {p['max_candidates']} candidates, "
+            f"{p['max_history']:,} history items")
+    caps = "; ".join(f"{c['option']} {c['asked']:,} capped to {c['used']:,}" for c in section["caps"])
+    return f"{text}; {caps}" if caps else text
 
 
 def _options(options: Mapping | None) -> str:

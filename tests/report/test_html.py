@@ -34,6 +34,9 @@ def report() -> dict:
         "tool": "hstu-replay", "version": "0.1.0", "created": "2024-05-01T12:02:05+00:00",
         "run": {"model": "hstu_gr_ranking_kvcache", "caches": True, "reports_hits": False,
                 "url": "127.0.0.1:8001", "started": 1714564800.25, "history_caps": {"8": 2481},
+                "server_limits": {"published": {"max_batch": 8, "max_values": 4656, "max_candidates": 32,
+                                                "max_history": 256},
+                                  "caps": [{"option": "--max-history", "asked": 4096, "used": 256}]},
                 "options": {"triton_url": "127.0.0.1:8001", "triton_headers": f"authorization={SECRET}",
                             "access_token": SECRET, "cache_page_tokens": 32, "store": "", "triton_ssl": False,
                             "stage_seconds": 2.0, "tolerance": 0.0625}},
@@ -88,8 +91,15 @@ def test_options_are_a_table_and_secrets_never_shown(report):
 def test_run_reads_in_words(report):
     text = _text(render_html(report))
     for row in ("model keeps a KV cache yes", "server reports its cache hits no",
-                "history caps batch 8: 2,481 items", "started 2024-05-01 12:00:00 UTC"):
+                "history caps batch 8: 2,481 items", "started 2024-05-01 12:00:00 UTC",
+                "server limits batch 8, 4,656 values, 32 candidates, 256 history items; --max-history 4,096 capped "
+                "to 256"):
         assert row in text, row
+
+
+def test_a_server_that_publishes_no_limits_reads_so(report):
+    report["run"]["server_limits"] = None
+    assert "server limits none published" in _text(render_html(report))
 
 
 def test_flags_explained_per_stage(report):
