@@ -37,10 +37,11 @@ from hstu_replay.interface import KVCACHE, Limits
 from hstu_replay.request import RequestTensors, UserRequest, build_request
 from hstu_replay.process import ServerProcess
 from hstu_replay.server.batched import build_batched_engine
-from hstu_replay.server.cli import CPP_BACKEND_ENGINE, FRONTENDS
+from hstu_replay.server.frontends import FRONTENDS, Engine
 from hstu_replay.server.model_config import ModelConfig, get_config
-from hstu_replay.server.host_tier import HostTierOptions, KVLayout, OffloadMode
+from hstu_replay.server.host_tier import KVLayout, OffloadMode
 from hstu_replay.server.model import build_model
+from hstu_replay.server.serve_config import HostTierOptions
 from hstu_replay.server.threads import apply_threads
 
 
@@ -140,7 +141,8 @@ class Served:
         from hstu_replay.client.triton import ClientOptions, TritonClient
 
         cfg = setup.cfg
-        engine = CPP_BACKEND_ENGINE if frontend == "cpp-backend" else "batched"
+        served = FRONTENDS[frontend].engines  # the eager batched engine where the frontend serves it
+        engine = Engine.BATCHED if Engine.BATCHED in served else Engine.BATCHED_AOTI
         self.server = ServerProcess.serve(
             setup.work / "repository", setup.work / f"{frontend}.log", None, "--frontend", frontend,
             "--engine", engine, "--config", cfg.name, "--dtype", cfg.dtype, "--device", setup.device,

@@ -11,7 +11,7 @@ from hstu_replay.arguments import (
     TOLERANCE, TRITON_PROTOCOL, WEIGHTS_SEED, Option, numbers,
 )
 from hstu_replay.process import Ports, long_running
-from hstu_replay.server.cli import FRONTENDS
+from hstu_replay.server.frontends import FRONTENDS
 
 
 def add_commands(groups: Any) -> None:
@@ -44,7 +44,7 @@ def add_commands(groups: Any) -> None:
            metavar="HTTP,GRPC,METRICS,CACHE_METRICS").add_to(l0)
     Option("--frontend", "how tritonserver reaches the model: pytriton, python-backend or cpp-backend (our C++ "
            "Triton backend, the batched AOTInductor engine)", "pytriton",
-           choices=FRONTENDS).add_to(l0)
+           choices=tuple(FRONTENDS)).add_to(l0)
     l0.set_defaults(func=_l0)
 
 

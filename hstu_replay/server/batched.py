@@ -22,12 +22,13 @@ from hstu_replay.cache_ledger import pages
 from hstu_replay.request import RequestTensors, UserRequest
 from hstu_replay.server.model_config import ModelConfig
 from hstu_replay.server.engine import InferResult, check_fits, history_ids
-from hstu_replay.server.host_tier import HostTierOptions, KVLayout
+from hstu_replay.server.host_tier import KVLayout
 from hstu_replay.server.model import ITEM_KIND, HSTUModel, history_kinds
 from hstu_replay.server.batched_step import BatchedStep
 from hstu_replay.server.paged_attention import WorkPlan
 from hstu_replay.server.phases import NO_CLOCK
 from hstu_replay.server.paged_cache import PagedKVCache, UserPages
+from hstu_replay.server.serve_config import HostTierOptions
 from hstu_replay.server.step_graphs import (StepGraphs, StepInputs, StepShape, graphs_enabled, pack_parts,
                                              unpack_parts)
 

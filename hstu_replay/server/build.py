@@ -22,11 +22,12 @@ from hstu_replay.interface import KVCACHE, NOCACHE
 from hstu_replay.server.aoti import export_nocache_package, export_package, load_nocache_package, load_package
 from hstu_replay.server.model_config import ModelConfig, get_config
 from hstu_replay.server.engine import PackagedRanker, RankingEngine
-from hstu_replay.server.host_tier import HostTierOptions, KVLayout
+from hstu_replay.server.host_tier import KVLayout
 from hstu_replay.server.kvcache import KVCache
 from hstu_replay.server.model import build_model, torch_dtype, weights_digest
 from hstu_replay.server.repository import RepositoryLayout, TargetMeta, read_meta, write_configs, write_meta
 from hstu_replay.server.serve import Engines
+from hstu_replay.server.serve_config import HostTierOptions
 
 
 def export_repository(root: str | Path, config_name: str, seed: int, device: str, force: bool = False) -> TargetMeta:
@@ -44,8 +45,9 @@ def export_repository(root: str | Path, config_name: str, seed: int, device: str
     export_package(model, config, layout.package(KVCACHE))
     export_nocache_package(model, config, layout.package(NOCACHE))
     write_configs(layout)
-    meta = TargetMeta(config_name, seed, device, round(time.perf_counter() - started, 1), torch.__version__,
-                      weights_digest(config, seed))
+    meta = TargetMeta(config=config_name, seed=seed, device=device,
+                      compile_seconds=round(time.perf_counter() - started, 1), torch_version=torch.__version__,
+                      weights=weights_digest(config, seed))
     write_meta(layout, meta)
     print(f"hstu-replay: compiled in {meta.compile_seconds} s", file=sys.stderr, flush=True)
     return meta

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from hstu_replay.arguments import (
     CANDIDATES, DEVICE, DUMP_BATCH_SIZE, DUMP_BATCHES, DUMP_SEED, MODEL_CONFIG, MODEL_MAX_HISTORY, OFFLOAD_CHUNK_TOKENS,
@@ -13,13 +12,7 @@ from hstu_replay.arguments import (
 )
 from hstu_replay.errors import ConfigError
 from hstu_replay.process import long_running
-
-FRONTENDS = ("pytriton", "python-backend", "cpp-backend")
-#: the engine the C++ backend serves (its package)
-CPP_BACKEND_ENGINE = "batched-aoti"
-DEFAULT_ENGINE = "aoti"
-#: the engines whose KV cache is one pool of pages
-POOLED_ENGINES = ("batched", "batched-aoti")
+from hstu_replay.server.frontends import FRONTENDS, Engine, Frontend, engine_defaults, frontend_help
 
 SERVE_OPTIONS = (
     Option("--host", "address to listen on", "127.0.0.1"),
@@ -42,17 +35,12 @@ SERVE_OPTIONS = (
     Option("--engine", "aoti: the compiled packages, one user at a time; batched: every user of a request in one "
                        "pass over a paged KV pool (the fast path on a GPU; nothing to compile); batched-aoti: that "
                        "pass compiled by AOTInductor into the repository (once; the attention kernel inside on a GPU); "
-                       "default aoti, batched-aoti with --frontend cpp-backend",
-           choices=("aoti", "batched", "batched-aoti")),
+                       f"default: the frontend's, said when taken ({engine_defaults()})",
+           choices=tuple(Engine)),
     Option("--dtype", "weights and KV cache type (--engine batched or batched-aoti; default: the config's)",
            choices=("float32", "bfloat16")),
     THREADS,
-    Option("--frontend", "pytriton: PyTriton binds the models (one proxy process between tritonserver and the "
-                         "engine); python-backend: a Python-backend model repository served by tritonserver "
-                         "directly, each model's engine inside its backend stub (no proxy); cpp-backend: our C++ Triton "
-                         "backend (cpp/backend, built with CMake once) serving the batched-aoti package, no Python "
-                         "in tritonserver's process (its engine: batched-aoti; no host tier)", "pytriton",
-           choices=FRONTENDS),
+    Option("--frontend", frontend_help(), Frontend.PYTRITON.value, choices=tuple(FRONTENDS)),
     Option("--log-verbose", "tritonserver's log verbosity", 0, int),
     Option("--tls-cert", "PEM server certificate: gRPC then takes TLS only"),
     Option("--tls-key", "PEM private key of --tls-cert"),
@@ -157,73 +145,24 @@ def _wait(args) -> int:
 
 @long_running
 def _serve(args) -> int:
+    from hstu_replay.server.serve_config import ServeConfig
     from hstu_replay.server.threads import apply_threads
 
-    if args.threads < 0:
-        raise ConfigError(f"--threads {args.threads}: use 0 (the default policy) or a positive count")
-    threads = apply_threads(args.threads)  # before torch's first import: OpenMP reads its environment once
-    from hstu_replay.server.build import ENGINE_KINDS, prepare_engine
+    config = ServeConfig.from_args(args)  # every refusal before any work
+    threads = apply_threads(config.engine.threads)  # before torch's first import: OpenMP reads its environment once
     from hstu_replay.server.model_config import get_config
-    from hstu_replay.server.host_tier import HostTierOptions, OffloadMode
-    from hstu_replay.server.serve import RequiredHeader, ServeOptions, check_ports_free, serve
-    from hstu_replay.server.tls_proxy import TlsFiles
+    from hstu_replay.server.serve import check_ports_free
     from hstu_replay.server.watchdog import start_watchdog
 
-    if (args.tls_cert is None) != (args.tls_key is None):
-        raise ConfigError("--tls-cert and --tls-key go together")
-    if args.engine is None:  # the engine the frontend serves by default
-        args.engine = CPP_BACKEND_ENGINE if args.frontend == "cpp-backend" else DEFAULT_ENGINE
-    if args.frontend == "cpp-backend":
-        _check_cpp_backend(args)
-    if args.reserve_pool and args.engine not in POOLED_ENGINES:
-        raise ConfigError(f"--reserve-pool: --engine {args.engine} keeps each user's K/V apart, in no pool; use "
-                          f"--engine {' or '.join(POOLED_ENGINES)}")
-    host = HostTierOptions(args.host_budget_tokens, OffloadMode(args.offload_mode), args.offload_chunk_tokens)
-    options = ServeOptions(args.host, args.http_port, args.grpc_port, args.metrics_port, args.cache_metrics_port,
-                           args.log_verbose, TlsFiles(args.tls_cert, args.tls_key) if args.tls_cert else None,
-                           args.https_port,
-                           RequiredHeader.parse(args.require_header) if args.require_header is not None else None,
-                           publish_limits=not args.no_limit_parameters)
-    check_ports_free(options)
+    check_ports_free(config.network)
     start_watchdog()  # tritonserver and its stubs go when this process goes, even by SIGKILL
+    if config.engine.defaulted:
+        print(f"hstu-replay: --engine {config.engine.kind}, the default of --frontend {config.frontend} (--engine "
+              "chooses another)", file=sys.stderr, flush=True)
     print(f"hstu-replay: model threads {threads}", file=sys.stderr, flush=True)
-    device = resolve_device(args.device)
-    config = get_config(args.config, args.dtype)
-    # the C++ backend first: a missing compiler or CMake is said before the package's compile
-    library = _cpp_backend_library() if args.frontend == "cpp-backend" else None
-    prepare_engine(args.engine, args.repository, config, args.seed, args.page_tokens, device)
-    if library is not None:
-        from hstu_replay.server.build import batched_step_path
-        from hstu_replay.server.cpp_backend import CppBackendSettings, serve_cpp
-
-        package = batched_step_path(args.repository, config, args.seed, args.page_tokens, device)
-        serve_cpp(CppBackendSettings(config, package, args.cache_budget_tokens, args.page_tokens, host,
-                                     args.reserve_pool), options, library)
-        return 0
-    if args.frontend == "python-backend":
-        from hstu_replay.server.python_backend import BackendSettings, serve_native
-
-        serve_native(BackendSettings("cached", "", args.engine, str(Path(args.repository).resolve()), args.config, args.dtype,
-                                     args.seed, args.cache_budget_tokens, args.page_tokens, device, args.host,
-                                     args.cache_metrics_port, "", host.budget_tokens, host.mode.value,
-                                     host.chunk_tokens, args.reserve_pool), options)
-        return 0
-    engines = ENGINE_KINDS[args.engine](args.repository, config, args.seed, args.cache_budget_tokens,
-                                        args.page_tokens, device, host, args.reserve_pool)
-    serve(engines, options)
+    device = resolve_device(config.engine.device)
+    FRONTENDS[config.frontend].serve(config, get_config(config.engine.config, config.engine.dtype), device)
     return 0
-
-
-def _cpp_backend_library() -> Path:
-    from hstu_replay.server.cpp_backend import build_backend
-
-    return build_backend()
-
-
-def _check_cpp_backend(args) -> None:
-    """What the C++ backend cannot serve, refused in one line before any work."""
-    if args.engine != CPP_BACKEND_ENGINE:
-        raise ConfigError(f"--frontend cpp-backend serves --engine {CPP_BACKEND_ENGINE} only (got --engine {args.engine})")
 
 
 @long_running

@@ -26,11 +26,12 @@ from hstu_replay.cmake_build import ROOT, build_cmake
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import CONTROL_MODEL, KVCACHE, INTERFACES
 from hstu_replay.process import Child, model_ready
-from hstu_replay.server.host_tier import NO_HOST_STATS, HostTierOptions
+from hstu_replay.server.host_tier import NO_HOST_STATS
 from hstu_replay.server.model_config import ModelConfig
 from hstu_replay.server.python_backend import ModelEntry, model_entries, serve_workspace, tritonserver
 from hstu_replay.server.repository import PACKAGE_NAME
 from hstu_replay.server.serve import CONTROL_OUTPUTS, ServeOptions
+from hstu_replay.server.serve_config import HostTierOptions
 
 BACKEND_NAME = "hstu"  # Triton finds it as <backends>/hstu/libtriton_hstu.so
 LIBRARY_NAME = f"libtriton_{BACKEND_NAME}.so"

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from hstu_replay.cache_ledger import DEFAULT_OFFLOAD_CHUNK_TOKENS, OFFLOAD_RULES, CacheLedger, OffloadMode
-from hstu_replay.errors import ConfigError, LimitError
+from hstu_replay.errors import LimitError
 
 
 @dataclass(frozen=True)
@@ -44,26 +44,6 @@ class KVLayout:
     @property
     def bytes_per_token(self) -> int:
         return 2 * self.layers * self.heads * self.head_dim * torch.empty((), dtype=self.dtype).element_size()
-
-
-@dataclass(frozen=True)
-class HostTierOptions:
-    """The server's `--host-budget-tokens`, `--offload-mode` and `--offload-chunk-tokens`."""
-
-    budget_tokens: int = 0  # 0: no host tier
-    mode: OffloadMode = OffloadMode.NATIVE
-    chunk_tokens: int = DEFAULT_OFFLOAD_CHUNK_TOKENS
-
-    def __post_init__(self) -> None:
-        if self.budget_tokens < 0:
-            raise ConfigError(f"--host-budget-tokens {self.budget_tokens}: use 0 (no host tier) or a positive count")
-        if self.chunk_tokens < 1:
-            raise ConfigError(f"--offload-chunk-tokens {self.chunk_tokens}: must be at least 1")
-
-    def build(self, page_tokens: int, layout: KVLayout, device: str | torch.device) -> HostTier | None:
-        if self.budget_tokens == 0:
-            return None
-        return HostTier(self.budget_tokens, page_tokens, self.mode, layout, device, self.chunk_tokens)
 
 
 @dataclass(frozen=True)

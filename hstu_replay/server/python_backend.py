@@ -29,11 +29,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import hstu_replay
-from hstu_replay.cache_ledger import DEFAULT_OFFLOAD_CHUNK_TOKENS
+from hstu_replay.cache_ledger import DEFAULT_OFFLOAD_CHUNK_TOKENS, OffloadMode
 from hstu_replay.errors import ServerError
 from hstu_replay.interface import CONTROL_MODEL, KVCACHE, NOCACHE, PYTHON_BACKEND, TensorSpec
 from hstu_replay.process import Child, StartFailed, Stopping, model_ready
-from hstu_replay.server.host_tier import HostTierOptions, OffloadMode
+from hstu_replay.server.serve_config import HostTierOptions
 from hstu_replay.server.model_config import get_config
 from hstu_replay.server.phases import phases_every
 from hstu_replay.server.serve import (

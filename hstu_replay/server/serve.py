@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
 
 import numpy as np
@@ -36,10 +37,12 @@ from hstu_replay.errors import ConfigError, ServerError
 from hstu_replay.interface import CONTROL_MODEL, KVCACHE, NOCACHE, PYTHON_BACKEND, Limits, ModelInterface
 from hstu_replay.metrics.pages import SERVER_INFO
 from hstu_replay.request import RequestTensors
-from hstu_replay.server.batched import BatchedEngine
-from hstu_replay.server.engine import PackagedRanker, RankingEngine
 from hstu_replay.server.phases import NO_CLOCK, PhaseClock
 from hstu_replay.server.tls_proxy import TlsFiles, TlsForwarder
+
+if TYPE_CHECKING:  # torch: `server serve` builds its config from this module before the model's threads are set
+    from hstu_replay.server.batched import BatchedEngine
+    from hstu_replay.server.engine import PackagedRanker, RankingEngine
 
 CONTROL_OUTPUTS = ("HIT_TOKENS", "COMPUTED_TOKENS", "EVICTED_USERS", "RESIDENT_TOKENS", "REQUESTS",
                    # the host tier (HIT_TOKENS stays both tiers' total) and the KV memory

@@ -11,9 +11,8 @@ from hypothesis import strategies as st
 from hstu_replay.errors import ConfigError, LimitError
 from hstu_replay.server.batched import build_batched_engine
 from hstu_replay.server.engine import RankingEngine
-from hstu_replay.server.host_tier import (
-    OFFLOAD_RULES, HostTier, HostTierOptions, KVLayout, OffloadMode, TierLookup,
-)
+from hstu_replay.server.host_tier import OFFLOAD_RULES, HostTier, KVLayout, OffloadMode, TierLookup
+from hstu_replay.server.serve_config import HostTierOptions
 from hstu_replay.server.kvcache import KVCache
 from tests.server.test_batched import cold, compute, model
 from tests.server.test_engine import SMALL, make_user, prefix, serve
