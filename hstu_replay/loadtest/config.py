@@ -316,18 +316,22 @@ class LoadTestConfig:
     @classmethod
     def from_values(cls, v: dict) -> LoadTestConfig:
         """The config of typed option values (`options.option_values`), checked."""
-        sweep = SweepConfig(_ratios(v["hit_ratios"]), _batches(v["batch_sizes"]),
-                            _choice(Arrival, "--arrival", v["arrival"]), v["request_rate"], v["stage_seconds"],
-                            v["stage_requests"], v["warmup_seconds"])
+        sweep = SweepConfig(ratios=_ratios(v["hit_ratios"]), batches=_batches(v["batch_sizes"]),
+                            arrival=_choice(Arrival, "--arrival", v["arrival"]), request_rate=v["request_rate"],
+                            stage_seconds=v["stage_seconds"], stage_requests=v["stage_requests"],
+                            warmup_seconds=v["warmup_seconds"])
         kind = workload_kind(v["workload"])
-        data = DataConfig(kind, v["store"], v["dump_dir"], v["candidates"], v["max_history"], v["max_values"],
-                          v["seed"], v["time_scale"], v["time_slice_ms"], _shard(v["timeline_shard"]),
-                          HistoryPolicy.of(v["over_limit"], v["rebase_keep"]), v["working_set"],
-                          _choice(PartialHits, "--partial-hits", v["partial_hits"]))
+        data = DataConfig(kind=kind, store=v["store"], dump_dir=v["dump_dir"], candidates=v["candidates"],
+                          max_history=v["max_history"], max_values=v["max_values"], seed=v["seed"],
+                          time_scale=v["time_scale"], time_slice_ms=v["time_slice_ms"],
+                          shard=_shard(v["timeline_shard"]), policy=HistoryPolicy.of(v["over_limit"], v["rebase_keep"]),
+                          working_set=v["working_set"],
+                          partial_hits=_choice(PartialHits, "--partial-hits", v["partial_hits"]))
         checks = CheckConfig(v["verify_fraction"], v["tolerance"])
-        cache = CacheConfig(v["cache_budget_tokens"], v["cache_page_tokens"], v["host_budget_tokens"],
-                            v["offload_mode"], TierMix.parse(v["tier_mix"]) if v["tier_mix"] else None,
-                            v["offload_chunk_tokens"], _budgets(v["fleet_budgets"]))
+        cache = CacheConfig(budget_tokens=v["cache_budget_tokens"], page_tokens=v["cache_page_tokens"],
+                            host_budget_tokens=v["host_budget_tokens"], offload_mode=v["offload_mode"],
+                            tier_mix=TierMix.parse(v["tier_mix"]) if v["tier_mix"] else None,
+                            offload_chunk_tokens=v["offload_chunk_tokens"], fleet_budgets=_budgets(v["fleet_budgets"]))
         if cache.budgets_given:
             cache.check_mix()  # else once the server's control model said its budgets (loadtest.prepare)
         if cache.tier_mix is not None and not kind.steers_tiers:
@@ -340,10 +344,13 @@ class LoadTestConfig:
             raise ConfigError(f"--master-timeout {v['master_timeout']}: give seconds > 0")
         protocol = _choice(TritonProtocol, "--triton-protocol", v["triton_protocol"],
                            f"--triton-protocol {v['triton_protocol']!r}: use {one_of(p.value for p in TritonProtocol)}")
-        target = TargetConfig(v["triton_url"], protocol, v["triton_ssl"], v["triton_model"], v["triton_root_cert"],
-                              v["triton_headers"], v["triton_timeout"],
-                              _choice(GrpcTransport, "--triton-grpc-transport", v["triton_grpc_transport"]),
-                              routing(v["routing"]), v["routing_header"], _metrics_urls(v["fleet_metrics"]))
+        target = TargetConfig(address=v["triton_url"], protocol=protocol, ssl=v["triton_ssl"], model=v["triton_model"],
+                              root_cert=v["triton_root_cert"], headers=v["triton_headers"],
+                              timeout_s=v["triton_timeout"],
+                              grpc_transport=_choice(GrpcTransport, "--triton-grpc-transport",
+                                                     v["triton_grpc_transport"]),
+                              routing=routing(v["routing"]), routing_header=v["routing_header"],
+                              fleet_metrics=_metrics_urls(v["fleet_metrics"]))
         target.client_options()  # the client's own checks
         if target.fleet_metrics and len(target.addresses) > 1:
             raise ConfigError("--fleet-metrics names the servers behind one gateway address: give one --host, "

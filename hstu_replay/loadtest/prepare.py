@@ -154,10 +154,12 @@ def prepare(config: LoadTestConfig, placement: Placement, binding: ModelBinding 
     data, sweep = config.data, config.sweep
     workload = None
     if placement.role.replays:
-        options = WorkloadOptions(data.path, data.candidates, data.limits, data.seed, placement.worker_index,
-                                  placement.worker_count, data.time_scale, sweep.open_rate, data.time_slice_ms,
-                                  data.shard, data.policy, config.cache.tier_mix,
-                                  data.working_set, user_servers(config.target), partial_hits=data.partial_hits,
+        options = WorkloadOptions(path=data.path, candidates=data.candidates, limits=data.limits, seed=data.seed,
+                                  worker_index=placement.worker_index, worker_count=placement.worker_count,
+                                  time_scale=data.time_scale, request_rate=sweep.open_rate,
+                                  slice_ms=data.time_slice_ms, shard=data.shard, policy=data.policy,
+                                  tier_mix=config.cache.tier_mix, working_set=data.working_set,
+                                  user_servers=user_servers(config.target), partial_hits=data.partial_hits,
                                   waiting=GREENLETS)
         workload = data.kind.opens(options)
         workload.check(sweep.batches)

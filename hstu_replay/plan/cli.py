@@ -82,8 +82,9 @@ def _source(args: argparse.Namespace, limits: Limits):
     from hstu_replay.plan.workloads import WorkloadOptions, open_workload
 
     name, path = ("dumps", args.dump_dir) if args.dump_dir is not None else ("sessions", args.store)
-    workload = open_workload(name, WorkloadOptions(path, args.candidates, limits, args.seed,
-                                                   args.worker_index, args.worker_index + 1))
+    workload = open_workload(name, WorkloadOptions(path=path, candidates=args.candidates, limits=limits,
+                                                   seed=args.seed, worker_index=args.worker_index,
+                                                   worker_count=args.worker_index + 1))
     workload.check((args.batch_size,))
     return workload.source(KeyAllocator(args.worker_index, 0, args.key_nonce))
 
