@@ -9,7 +9,7 @@ from typing import Any
 
 from hstu_replay.cache_ledger import DEFAULT_OFFLOAD_CHUNK_TOKENS, DEFAULT_PAGE_TOKENS
 from hstu_replay.errors import ConfigError
-from hstu_replay.interface import PUBLISHED_LIMITS
+from hstu_replay.interface import DEFAULT_ADDRESS, PUBLISHED_LIMITS, Limits
 from hstu_replay.verify import DEFAULT_TOLERANCE
 
 
@@ -55,13 +55,70 @@ def numbers(flag: str, text: str, low: float | None = None, high: float | None =
     A blank item (or an empty text) is refused, unless `blanks`: then blank items are left out and
     an empty text is an empty tuple. `count`: exactly that many items. `digits`: each item written
     as a whole number in digits (no 1e6, no 3.0). `form` is what such a refusal asks for."""
+    return tuple(number(flag, p, low, high, above=above, integral=integral)
+                 for p in list_items(flag, text, blanks=blanks, count=count, digits=digits, form=form))
+
+
+def list_items(flag: str, text: str, *, blanks: bool = False, count: int | None = None, digits: bool = False,
+               form: str = "comma-separated numbers") -> list[str]:
+    """The comma-separated items of an option's text, stripped (`numbers` says what the keywords do)."""
     parts = [p.strip() for p in str(text).split(",")]
     if blanks:
         parts = [p for p in parts if p]
     if ((not blanks and not all(parts)) or (count is not None and len(parts) != count)
             or (digits and not all(p.removeprefix("-").isdigit() for p in parts))):
         raise ConfigError(f"{flag} {text!r}: give {form}")
-    return tuple(number(flag, p, low, high, above=above, integral=integral) for p in parts)
+    return parts
+
+
+def batch_number(flag: str, given: str | int, limits: Limits = PUBLISHED_LIMITS) -> int:
+    """A batch size (users per request) from an option: a whole number the model takes
+    (`Limits.takes_batch`); else one line naming the option, the value and the range."""
+    text = str(given).strip()
+    value = _float_or_nan(text)
+    if not (value.is_integer() and limits.takes_batch(int(value))):
+        raise ConfigError(f"{flag} {text!r}: use a whole number of users in {limits.batch_range}")
+    return int(value)
+
+
+def batch_numbers(flag: str, text: str, limits: Limits = PUBLISHED_LIMITS, *, blanks: bool = False) -> tuple[int, ...]:
+    """Comma-separated batch sizes, each a `batch_number`."""
+    return tuple(batch_number(flag, p, limits) for p in list_items(flag, text, blanks=blanks))
+
+
+#: a KV-cache hit ratio lies in 0..1: the share of a request's history tokens the cache holds
+HIT_RATIO_RANGE = (0.0, 1.0)
+#: what a refusal of a hit ratio asks for
+HIT_RATIO_RULE = f"use a hit ratio in {HIT_RATIO_RANGE[0]:g}..{HIT_RATIO_RANGE[1]:g}"
+
+
+def is_hit_ratio(value: float) -> bool:
+    """Whether `value` lies in `HIT_RATIO_RANGE` (NaN does not): the one hit-ratio check."""
+    low, high = HIT_RATIO_RANGE
+    return low <= value <= high
+
+
+def hit_ratio_number(flag: str, given: str | float) -> float:
+    """A target KV-cache hit ratio from an option (`is_hit_ratio`); else one line naming the
+    option, the value and the range."""
+    text = str(given).strip()
+    value = _float_or_nan(text)
+    if not is_hit_ratio(value):
+        raise ConfigError(f"{flag} {text!r}: {HIT_RATIO_RULE}")
+    return value
+
+
+def hit_ratio_numbers(flag: str, text: str, *, blanks: bool = False) -> tuple[float, ...]:
+    """Comma-separated hit ratios, each a `hit_ratio_number`."""
+    return tuple(hit_ratio_number(flag, p) for p in list_items(flag, text, blanks=blanks))
+
+
+def _float_or_nan(text: str) -> float:
+    """The number `text` writes; NaN (which no range holds) where it writes none."""
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
 
 
 # -- declaring options ------------------------------------------------------------------------
@@ -140,7 +197,7 @@ def _with_default(text: str, default: Any) -> str:
 # Where two options share a flag but not a meaning, each has its own entry and its name says which.
 
 # the Triton address and model
-TRITON_URL = Option("--triton-url", "Triton host:port", "127.0.0.1:8001")
+TRITON_URL = Option("--triton-url", "Triton host:port", DEFAULT_ADDRESS)
 TRITON_PROTOCOL = Option("--triton-protocol", "grpc or http", "grpc")
 TRITON_MODEL = Option("--triton-model", "model", "hstu_gr_ranking_kvcache")
 
@@ -167,7 +224,7 @@ REBASE_KEEP = Option("--rebase-keep", "--over-limit rebase: the fraction of the 
 
 # the requests
 HIT_RATIOS = Option("--hit-ratios", "target KV-cache hit ratios, one stage (or search) each", "0,0.5,1.0")
-BATCH_RANGE = f"1..{PUBLISHED_LIMITS.max_batch}"  # the batch sizes a request may have, as help texts write them
+BATCH_RANGE = PUBLISHED_LIMITS.batch_range
 BATCH_SIZE = Option("--batch-size", f"users per request, {BATCH_RANGE}", 1, int)
 #: natural replay: requests group the visits of one time slice, up to this many
 VISITS_PER_REQUEST = BATCH_SIZE.but(help=f"most visits per request, {BATCH_RANGE}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -76,60 +77,75 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """`name`'s folder, built by `build(folder)` once per test run: with parallel workers
+    (pytest-xdist), the first to ask builds it under the run's shared folder while the others
+    wait on its lock; each then only reads it."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # every worker's base folder sits in the run's
+    folder, done = root / "built" / name, root / "built" / f"{name}.done"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a build that failed half-way
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def sample_store(tmp_path_factory) -> Path:
     from hstu_replay.data.prepare import prepare
 
-    out = tmp_path_factory.mktemp("store") / "sample"
-    prepare(SAMPLE, out)
-    return out
+    return built_once(tmp_path_factory, "store", lambda root: prepare(SAMPLE, root / "sample")) / "sample"
 
 
 @pytest.fixture(scope="session")
 def compiled_repository(tmp_path_factory) -> Path:
-    """The small config compiled with AOTInductor once per test session."""
+    """The small config compiled with AOTInductor once per test run."""
     from hstu_replay.server.build import export_repository
 
-    root = tmp_path_factory.mktemp("repository")
-    export_repository(root, "small", seed=0, device="cpu")
-    return root
+    return built_once(tmp_path_factory, "repository",
+                      lambda root: export_repository(root, "small", seed=0, device="cpu"))
 
 
 @pytest.fixture(scope="session")
 def batched_step_repository(tmp_path_factory) -> Path:
     """A repository holding the small config's batched step compiled with AOTInductor (seed 0, pages
-    of 32, CPU: what `server serve --engine batched-aoti --config small` looks for), once per session."""
+    of 32, CPU: what `server serve --engine batched-aoti --config small` looks for), once per run."""
     from hstu_replay.server.build import prepare_engine
     from hstu_replay.server.model_config import get_config
 
-    root = tmp_path_factory.mktemp("batched-repository")
-    prepare_engine("batched-aoti", root, get_config("small"), 0, 32, "cpu")
-    return root
+    return built_once(tmp_path_factory, "batched-repository",
+                      lambda root: prepare_engine("batched-aoti", root, get_config("small"), 0, 32, "cpu"))
+
+
+def _synthetic_store(users: int, seed: int, scale: float) -> Callable[[Path], None]:
+    from hstu_replay.data.prepare import prepare
+    from hstu_replay.data.synth import synthesize
+
+    def build(root: Path) -> None:
+        synthesize(root / "raw", users=users, seed=seed, events_per_user_scale=scale)
+        prepare(root / "raw", root / "store")
+
+    return build
 
 
 @pytest.fixture(scope="session")
 def long_store(tmp_path_factory) -> Path:
     """Synthetic users with 300+ events each, so requests can carry near-maximal histories."""
-    from hstu_replay.data.prepare import prepare
-    from hstu_replay.data.synth import synthesize
-
-    root = tmp_path_factory.mktemp("long")
-    synthesize(root / "raw", users=16, seed=5, events_per_user_scale=0.1)
-    prepare(root / "raw", root / "store")
-    return root / "store"
+    return built_once(tmp_path_factory, "long", _synthetic_store(16, 5, 0.1)) / "store"
 
 
 @pytest.fixture(scope="session")
 def full_length_store(tmp_path_factory) -> Path:
     """Synthetic users of 1,500 to 10,000 events: at batch 8 their histories exceed what the
     published 40,000 values allow (2,481 items each with 16 candidates)."""
-    from hstu_replay.data.prepare import prepare
-    from hstu_replay.data.synth import synthesize
-
-    root = tmp_path_factory.mktemp("full-length")
-    synthesize(root / "raw", users=12, seed=7, events_per_user_scale=0.5)
-    prepare(root / "raw", root / "store")
-    return root / "store"
+    return built_once(tmp_path_factory, "full-length", _synthetic_store(12, 7, 0.5)) / "store"
 
 
 @pytest.fixture(scope="session")
@@ -138,11 +154,12 @@ def reference_dumps(compiled_repository, long_store, tmp_path_factory) -> Path:
     from hstu_replay.server.build import load_engines
     from hstu_replay.server.dump import write_reference_dumps
 
-    out = tmp_path_factory.mktemp("dumps")
-    engines = load_engines(compiled_repository, None, 32, "cpu")
-    write_reference_dumps(engines.uncached, str(long_store), out, batches=6, batch_size=8, candidates=16,
-                          max_history=256, seed=1, min_history=200)
-    return out
+    def build(out: Path) -> None:
+        engines = load_engines(compiled_repository, None, 32, "cpu")
+        write_reference_dumps(engines.uncached, str(long_store), out, batches=6, batch_size=8, candidates=16,
+                              max_history=256, seed=1, min_history=200)
+
+    return built_once(tmp_path_factory, "dumps", build)
 
 
 @pytest.fixture(scope="session")
