@@ -24,6 +24,12 @@ from hstu_replay.errors import LimitError
 DEFAULT_PAGE_TOKENS = 32
 
 
+#: NVIDIA's published KV pool in pages (of `DEFAULT_PAGE_TOKENS`), and so the reference server's
+#: budget unless --cache-budget-tokens says otherwise.
+PUBLISHED_POOL_PAGES = 102_400
+DEFAULT_POOL_TOKENS = PUBLISHED_POOL_PAGES * DEFAULT_PAGE_TOKENS
+
+
 #: NVIDIA's native host storage offloads in chunks of this many tokens (`offload_chunksize`): the
 #: server's and the client's --offload-chunk-tokens unless given.
 DEFAULT_OFFLOAD_CHUNK_TOKENS = 1024

@@ -39,8 +39,25 @@ ACTION_BITS: tuple[tuple[str, int], ...] = (
 
 
 def history_tokens(history_items: int) -> int:
-    """KV tokens a history of `history_items` items occupies: 6 contextual + item/action pairs."""
+    """KV tokens a history of `history_items` items occupies: 6 contextual + item/action pairs
+    (elementwise for an array of counts)."""
     return NUM_CONTEXT_TOKENS + 2 * history_items
+
+
+def user_values(history_items: int, candidates: int) -> int:
+    """Values one user adds to a request: 6 contextual, then an item and an action for each history
+    item and each candidate (a candidate's action is 0)."""
+    return history_tokens(history_items + candidates)
+
+
+#: Where a server listens unless told: tritonserver's own default ports (HTTP, gRPC, metrics), and
+#: the reference server's KV-cache counters on the port after them.
+DEFAULT_HTTP_PORT = 8000
+DEFAULT_GRPC_PORT = 8001
+DEFAULT_METRICS_PORT = 8002
+DEFAULT_CACHE_METRICS_PORT = 8003
+#: The Triton address a client sends to unless told: gRPC on loopback.
+DEFAULT_ADDRESS = f"127.0.0.1:{DEFAULT_GRPC_PORT}"
 
 
 @dataclass(frozen=True)
@@ -140,9 +157,17 @@ class Limits:
     def history_cap(self, batch_size: int, candidates: int) -> int:
         """Longest history (items) each of `batch_size` users with `candidates` candidates may
         send so that the whole request stays within `max_values` (and `max_history`)."""
-        per_user = self.max_values // batch_size  # values: 6 context + 2 x (history + candidates)
+        per_user = self.max_values // batch_size  # the inverse of `user_values`
         return min(self.max_history, (per_user - NUM_CONTEXT_TOKENS) // 2 - candidates)
 
+    @property
+    def batch_range(self) -> str:
+        """The batch sizes (users per request) a request may have, as messages and help texts write them."""
+        return f"1..{self.max_batch}"
+
+    def takes_batch(self, batch: int) -> bool:
+        """Whether a request of `batch` users is within the limit: the one batch-size check."""
+        return 1 <= batch <= self.max_batch
 
     def parameters(self) -> dict[str, str]:
         """The limits as a served model's configuration publishes them (`LIMIT_PARAMETERS`)."""

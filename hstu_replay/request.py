@@ -23,6 +23,7 @@ from hstu_replay.interface import (
     Limits,
     ModelInterface,
     history_tokens,
+    user_values,
 )
 
 _INT64 = np.dtype(np.int64)
@@ -59,7 +60,7 @@ class UserRequest:
     def num_values(self) -> int:
         """How many entries of `values` this user takes: one per contextual feature, then item
         and action per history item and per candidate."""
-        return NUM_CONTEXT_TOKENS + 2 * (len(self.history_items) + len(self.candidates))
+        return user_values(len(self.history_items), len(self.candidates))
 
 
 @dataclass(frozen=True)
@@ -140,8 +141,8 @@ def build_request(users: Sequence[UserRequest], limits: Limits = PUBLISHED_LIMIT
     take under `limits`. One pass over the users for the checks and the layout, plain lists for
     the per-user numbers: at B <= 8 they are cheaper than numpy calls on tiny arrays."""
     batch = len(users)
-    if not 1 <= batch <= limits.max_batch:
-        raise LimitError(f"batch of {batch} users; the model takes 1..{limits.max_batch}")
+    if not limits.takes_batch(batch):
+        raise LimitError(f"batch of {batch} users; the model takes {limits.batch_range}")
     items: list[np.ndarray] = []
     actions: list[np.ndarray] = []
     histories, candidates, contexts, keys = [], [], [], []

@@ -13,11 +13,11 @@ from pathlib import Path
 from hstu_replay.arguments import (
     BATCH_SIZE, BUDGETS, CANDIDATES, DUMP_DIR, HIT_RATIOS, MAX_HISTORY, OVER_LIMIT, PAGE_TOKENS, REBASE_KEEP,
     REPOSITORY, REQUEST_RATE, SERVE_ARGS, SLO_ERROR_RATIO, SLO_P99_MS, SMALL_MAX_HISTORY, STORE, TIME_SLICE_MS,
-    TRITON_MODEL, TRITON_PROTOCOL, TRITON_URL, VISITS_PER_REQUEST, WARMUP_SECONDS, WORKLOAD, Option, number, numbers,
-    split_args,
+    TRITON_MODEL, TRITON_PROTOCOL, TRITON_URL, VISITS_PER_REQUEST, WARMUP_SECONDS, WORKLOAD, Option, batch_number,
+    hit_ratio_numbers, number, numbers, split_args,
 )
 from hstu_replay.errors import ConfigError
-from hstu_replay.interface import PUBLISHED_LIMITS
+from hstu_replay.interface import DEFAULT_ADDRESS
 from hstu_replay.plan.reuse import PartialHits
 from hstu_replay.plan.workloads import WORKLOADS, one_of
 from hstu_replay.process import long_running
@@ -73,7 +73,7 @@ def add_commands(groups) -> None:
     WORKLOAD.add_to(run, text=True)
     STORE.add_to(run, help="prepared KuaiRand store (sessions)", metavar=None)
     DUMP_DIR.add_to(run, help="NVIDIA-format dump directory (dumps)", metavar=None)
-    TRITON_URL.add_to(run, default=None, help="Triton host:port (Locust's default 127.0.0.1:8001)")
+    TRITON_URL.add_to(run, default=None, help=f"Triton host:port (Locust's default {DEFAULT_ADDRESS})")
     TRITON_PROTOCOL.add_to(run, default=None)
     TRITON_MODEL.add_to(run, text=True)
     MAX_HISTORY.add_to(run, default=None, help="longest history sent, in items", text=True)
@@ -193,9 +193,7 @@ def plan_from_args(args: argparse.Namespace):
     from hstu_replay.metrics.pages import metrics_url
     from hstu_replay.capacity.search import Slo
 
-    ratios = numbers("--hit-ratios", args.hit_ratios, 0.0)
-    if any(r > 1.0 for r in ratios):
-        raise ConfigError(f"--hit-ratios {args.hit_ratios!r}: every ratio must lie in 0..1")
+    ratios = hit_ratio_numbers("--hit-ratios", args.hit_ratios)
     given = [k for k in LOAD_KINDS.values() if getattr(args, k.flag[2:].replace("-", "_")) is not None]
     if len(given) != 1:
         raise ConfigError(f"give exactly one of {' or '.join(k.flag for k in LOAD_KINDS.values())}")
@@ -210,7 +208,7 @@ def plan_from_args(args: argparse.Namespace):
               number("--slo-error-ratio", args.slo_error_ratio, 0.0))
     if slo.error_ratio > 1.0:
         raise ConfigError(f"--slo-error-ratio {args.slo_error_ratio!r}: use 0..1")
-    batch = _batch_size(args.batch_size)
+    batch = batch_number("--batch-size", args.batch_size)
     share = number("--worker-cpu-share", args.worker_cpu_share, 0.0, above=True)
     if share > 1.0:
         raise ConfigError(f"--worker-cpu-share {args.worker_cpu_share!r}: use a share of one core, 0..1")
@@ -298,14 +296,6 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _batch_size(text: str) -> int:
-    """--batch-size: users per request, within the published limit."""
-    batch = number("--batch-size", text, 1, integral=True)
-    if batch > PUBLISHED_LIMITS.max_batch:
-        raise ConfigError(f"--batch-size {text!r}: use 1..{PUBLISHED_LIMITS.max_batch}")
-    return batch
-
-
 def _offload_mode(mode: str) -> str:
     from hstu_replay.plan.tiers import OFFLOAD_MODES
 
@@ -326,7 +316,7 @@ def _natural(args: argparse.Namespace) -> int:
     if not Path(args.repository).is_dir():
         raise ConfigError(f"--repository {args.repository}: no such folder")
     serve_args = split_args("--serve-args", args.serve_args)
-    batch = _batch_size(args.batch_size)
+    batch = batch_number("--batch-size", args.batch_size)
     plan = NaturalPlan(
         store=args.store, repository=args.repository, out_dir=Path(args.out),
         slo=Slo(number("--slo-p99-ms", args.slo_p99_ms, 0, above=True),

@@ -21,7 +21,7 @@ import numpy as np
 
 from hstu_replay.errors import AccessDenied, ConfigError, InterfaceMismatch, ServerError
 from hstu_replay.client.limits import published_limits
-from hstu_replay.interface import INTERFACES, NUM_TASKS, Limits, ModelInterface, TensorSpec
+from hstu_replay.interface import DEFAULT_ADDRESS, INTERFACES, NUM_TASKS, Limits, ModelInterface, TensorSpec
 from hstu_replay.request import RequestTensors
 
 #: Optional output of our reference target: tokens each user reused from the KV cache.
@@ -46,7 +46,7 @@ class ServerBudgets:
 
 @dataclass(frozen=True)
 class ClientOptions:
-    url: str = "127.0.0.1:8001"
+    url: str = DEFAULT_ADDRESS
     protocol: str = "grpc"  # grpc | http
     model: str = "hstu_gr_ranking_kvcache"
     ssl: bool = False

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hstu_replay.arguments import DEVICE, REPOSITORY, SERVE_ARGS, Option, number, split_args
 from hstu_replay.errors import ConfigError, ServerError
+from hstu_replay.interface import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT
 from hstu_replay.process import long_running
 
 WATCH_PERIOD_S = 0.5  # how often a serving fleet is looked at
@@ -50,8 +51,8 @@ def add_commands(groups) -> None:
     Option("--gateway-grpc-port", "the gateway's gRPC port (default 0: a free one)", 0).add_to(serve, text=True)
     Option("--gateway-http-port", "the gateway's HTTP port (default 0: a free one)", 0).add_to(serve, text=True)
     Option("--base-port", "pin the servers' ports: server i takes the four from BASE + 4 i on (HTTP, gRPC, "
-           "metrics, cache metrics; 8000 gives server 0 `server serve`'s own); default 0: free ports", 0).add_to(
-        serve, text=True)
+           f"metrics, cache metrics; {DEFAULT_HTTP_PORT} gives server 0 `server serve`'s own); default 0: free ports",
+           0).add_to(serve, text=True)
     Option("--log-dir", "the servers' logs and the gateway's configuration and log", "runs/fleet").add_to(serve)
     serve.set_defaults(func=_serve)
 
@@ -63,8 +64,8 @@ def add_commands(groups) -> None:
         config, action="append", default=[])
     BALANCE.add_to(config)
     ROUTING_HEADER.add_to(config, default=DEFAULT_ROUTING_HEADER)
-    Option("--grpc-port", "the gateway's gRPC port", 8001).add_to(config, text=True)
-    Option("--http-port", "the gateway's HTTP port", 8000).add_to(config, text=True)
+    Option("--grpc-port", "the gateway's gRPC port", DEFAULT_GRPC_PORT).add_to(config, text=True)
+    Option("--http-port", "the gateway's HTTP port", DEFAULT_HTTP_PORT).add_to(config, text=True)
     config.set_defaults(func=_gateway_config)
 
 

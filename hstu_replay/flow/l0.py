@@ -23,8 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hstu_replay.arguments import batch_number
 from hstu_replay.errors import ConfigError, HstuReplayError, opened_by_option
-from hstu_replay.interface import PUBLISHED_LIMITS
 from hstu_replay.process import PORT_MAX, Ports, ServerProcess, StartFailed, Teardown
 from hstu_replay.verify import DEFAULT_TOLERANCE
 
@@ -114,9 +114,7 @@ def check_options(options: L0Options) -> None:
     config = get_config(options.config)
     if options.batches < 2:
         raise ConfigError(f"--batches {options.batches}: needs a warm-up batch and at least one measured batch (>= 2)")
-    if not 1 <= options.batch_size <= PUBLISHED_LIMITS.max_batch:
-        raise ConfigError(f"--batch-size {options.batch_size}: use 1..{PUBLISHED_LIMITS.max_batch} "
-                          "(the published limit)")
+    batch_number("--batch-size", options.batch_size)
     if not 1 <= options.candidates <= config.max_candidates:
         raise ConfigError(f"--candidates {options.candidates}: the {config.name} model takes 1..{config.max_candidates}")
     if options.max_history is not None and options.max_history < 1:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from hstu_replay.errors import ConfigError
+from hstu_replay.interface import DEFAULT_ADDRESS
 
-DEFAULT_ADDRESS = "127.0.0.1:8001"
 MAX_SERVERS = 256  # addresses in one fleet
 MAX_FLEET_FILE_BYTES = 1 << 20
 #: URL scheme -> (protocol, TLS)

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 from enum import StrEnum
 
-from hstu_replay.arguments import numbers
+from hstu_replay.arguments import batch_numbers, hit_ratio_numbers, numbers
 from hstu_replay.cache_ledger import DEFAULT_OFFLOAD_CHUNK_TOKENS, DEFAULT_PAGE_TOKENS
 from hstu_replay.client.triton import ClientOptions
 from hstu_replay.errors import ConfigError
-from hstu_replay.interface import PUBLISHED_LIMITS, Limits, history_tokens
+from hstu_replay.interface import Limits, history_tokens
 from hstu_replay.fleet.routing import Routing, routing
 from hstu_replay.loadtest.address import address_url, addresses, resolve_address
 from hstu_replay.loadtest.options import SECRETS, option_values
@@ -370,26 +370,18 @@ class LoadTestConfig:
         return cls(target, data, cache, sweep, checks, report, options)
 
 
-def _float_list(text: str, flag: str) -> tuple[float, ...]:
-    values = numbers(flag, text, blanks=True)
+def _given(flag: str, values: tuple) -> tuple:
     if not values:
         raise ConfigError(f"{flag} is empty")
     return values
 
 
 def _ratios(text: str) -> tuple[float, ...]:
-    ratios = _float_list(text, "--hit-ratios")
-    if any(not 0.0 <= r <= 1.0 for r in ratios):
-        raise ConfigError(f"--hit-ratios {text!r}: every ratio must lie in 0..1")
-    return ratios
+    return _given("--hit-ratios", hit_ratio_numbers("--hit-ratios", text, blanks=True))
 
 
 def _batches(text: str) -> tuple[int, ...]:
-    sizes = _float_list(text, "--batch-sizes")
-    most = PUBLISHED_LIMITS.max_batch
-    if any(not 1 <= b <= most or b != int(b) for b in sizes):
-        raise ConfigError(f"--batch-sizes {text!r}: whole numbers in 1..{most}")
-    return tuple(int(b) for b in sizes)
+    return _given("--batch-sizes", batch_numbers("--batch-sizes", text, blanks=True))
 
 
 def _metrics_urls(text: str) -> tuple[str, ...]:

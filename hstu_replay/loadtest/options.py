@@ -19,7 +19,8 @@ from enum import Enum
 from hstu_replay import arguments as A
 from hstu_replay.arguments import Option
 from hstu_replay.errors import ConfigError
-from hstu_replay.loadtest.address import DEFAULT_ADDRESS, address_url
+from hstu_replay.interface import DEFAULT_ADDRESS
+from hstu_replay.loadtest.address import address_url
 from hstu_replay.plan.reuse import PartialHits
 
 DEFAULT_GROUP = "Sweep and load"
@@ -102,7 +103,7 @@ GROUPS = (DATA, NATURAL, DEFAULT_GROUP, CACHE, CHECKS, TARGET, WEB_FORM, WEB_ACC
 
 #: Every option, in the order report.json's "options" lists them.
 OPTIONS: tuple[LoadOption, ...] = (
-    LoadOption(A.TRITON_URL.but(default=DEFAULT_ADDRESS, help="Alias of --host: the Triton address, grpc://host:8001, "
+    LoadOption(A.TRITON_URL.but(help="Alias of --host: the Triton address, grpc://host:8001, "
                "http://host:8000, https:// or grpcs:// for TLS, or host:port"), TARGET, WebForm.HOST, unset=""),
     LoadOption(A.TRITON_PROTOCOL.but(help="grpc or http, for an address without a scheme"), TARGET, WebForm.HOST),
     LoadOption(A.TRITON_MODEL.but(help="Model name; its interface is detected"), TARGET),

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from hstu_replay.analysis.cli import add_cache_curve
 from hstu_replay.arguments import (
-    BATCH_SIZE, CANDIDATES, DUMP_DIR, MAX_VALUES, REPLAY_SEED, SMALL_MAX_HISTORY, STORE, TRITON_MODEL, Option, within,
+    BATCH_SIZE, CANDIDATES, DUMP_DIR, MAX_VALUES, REPLAY_SEED, SMALL_MAX_HISTORY, STORE, TRITON_MODEL, Option,
+    batch_number, hit_ratio_number, within,
 )
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import INTERFACES, PUBLISHED_LIMITS, Limits, ModelInterface
@@ -60,13 +61,12 @@ def _check(args: argparse.Namespace) -> tuple[ModelInterface, float, Limits]:
     if interface is None:
         raise ConfigError(f"--model {args.model!r}: use one of {', '.join(MODELS)}")
     ratio = args.hit_ratio if args.hit_ratio is not None else (0.5 if interface.uses_cache else 0.0)
-    if not 0.0 <= ratio <= 1.0:
-        raise ConfigError(f"--hit-ratio must be within 0..1, got {ratio}")
+    hit_ratio_number("--hit-ratio", ratio)
     if ratio > 0 and not interface.uses_cache:
         raise ConfigError(f"--hit-ratio {ratio}: model {args.model} has no KV cache; use 0")
     limits = Limits(max_history=args.max_history, max_values=args.max_values)
-    within(("--batch-size", args.batch_size, 1, limits.max_batch),
-           ("--candidates", args.candidates, 1, limits.max_candidates),
+    batch_number("--batch-size", args.batch_size, limits)
+    within(("--candidates", args.candidates, 1, limits.max_candidates),
            ("--requests", args.requests, 1, None),
            ("--max-history", args.max_history, 1, None),
            ("--max-values", args.max_values, 1, None),

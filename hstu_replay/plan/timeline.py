@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from hstu_replay.errors import HstuReplayError, PlanError
-from hstu_replay.interface import NUM_CONTEXT_TOKENS, Limits, history_tokens
+from hstu_replay.interface import Limits, history_tokens
 from hstu_replay.plan.keys import KeyAllocator
 from hstu_replay.plan.over_limit import KINDS, HistoryPolicy, VisitAccounts
 from hstu_replay.plan.retired import RetiredKeys
@@ -52,7 +52,7 @@ class Trace:
     @property
     def tokens(self) -> np.ndarray:
         """KV tokens of each visit's history (total_history_length)."""
-        return NUM_CONTEXT_TOKENS + 2 * self.history.astype(np.int64)
+        return history_tokens(self.history.astype(np.int64))
 
     @property
     def cache_keys(self) -> np.ndarray:

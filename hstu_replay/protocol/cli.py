@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hstu_replay.arguments import (
     CANDIDATES, DUMP_DIR, MAX_HISTORY, MAX_VALUES, SCALING_BATCH_SIZES, STORE, TOLERANCE, TRITON_PROTOCOL,
-    TRITON_URL, Option, number, numbers,
+    TRITON_URL, Option, batch_number, batch_numbers, number,
 )
 from hstu_replay.client.triton import ClientOptions, TritonClient
 from hstu_replay.errors import ConfigError, InputError, LimitError
@@ -88,8 +88,8 @@ def _settings(args: argparse.Namespace) -> Settings:
     if not models or any(m not in known for m in models):
         raise ConfigError(f"--models {args.models!r}: use some of {', '.join(sorted(known))}")
     limits = Limits(max_values=number("--max-values", args.max_values, 1, integral=True))
-    backend_batch = number("--backend-batch", args.backend_batch, 1, limits.max_batch, integral=True)
-    batch_sizes = (tuple(sorted(set(numbers("--batch-sizes", args.batch_sizes, 1, limits.max_batch, integral=True))))
+    backend_batch = batch_number("--backend-batch", args.backend_batch, limits)
+    batch_sizes = (tuple(sorted(set(batch_numbers("--batch-sizes", args.batch_sizes, limits))))
                    if SCALING_MODEL in models else ())
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():

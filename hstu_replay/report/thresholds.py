@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from hstu_replay.arguments import HIT_RATIO_RULE, is_hit_ratio
 from hstu_replay.errors import ConfigError
 from hstu_replay.report.flags import ERRORS, MISMATCHES
 
@@ -76,8 +77,8 @@ def _ratio_map(option: str, text: str | None, bare_means_all: bool) -> dict:
         if ":" in item:
             ratio_text, value_text = (s.strip() for s in item.split(":", 1))
             ratio: float | None = _number(option, text, ratio_text, "hit ratio")
-            if not 0.0 <= ratio <= 1.0:
-                raise ConfigError(f"{option} {text!r}: hit ratio {ratio_text!r} is outside 0..1")
+            if not is_hit_ratio(ratio):
+                raise ConfigError(f"{option} {text!r}: ratio {ratio_text!r}: {HIT_RATIO_RULE}")
         elif bare_means_all:
             ratio, value_text = None, item
         else:

@@ -32,6 +32,7 @@ from torch import Tensor
 from torch.export import Dim
 
 from hstu_replay.errors import InputError
+from hstu_replay.interface import NUM_CONTEXT_TOKENS
 from hstu_replay.server.model_config import ModelConfig
 from hstu_replay.server.model import MIN_SIZE, HSTUModel, JaggedRanker, KVStep, padded_call, torch_dtype
 
@@ -105,12 +106,12 @@ def _example_request() -> tuple[Tensor, Tensor, Tensor]:
     """Three users with distinct history and candidate counts (no size 0 or 1 to specialise)."""
     hist, cand = [5, 9, 2], [3, 4, 6]
     gen = torch.Generator().manual_seed(0)
-    head = torch.arange(1, 6 * len(hist) + 1)
+    head = torch.arange(1, NUM_CONTEXT_TOKENS * len(hist) + 1)
     items = [torch.randint(0, 1 << 30, (h + c,), generator=gen) for h, c in zip(hist, cand)]
     actions = [torch.cat([torch.randint(0, 256, (h,), generator=gen), torch.zeros(c, dtype=torch.int64)])
                for h, c in zip(hist, cand)]
     seq = [h + c for h, c in zip(hist, cand)]
-    lengths = torch.tensor([1] * 6 * len(hist) + seq + seq)
+    lengths = torch.tensor([1] * NUM_CONTEXT_TOKENS * len(hist) + seq + seq)
     return torch.cat([head, *items, *actions]), lengths, torch.tensor(cand)
 
 

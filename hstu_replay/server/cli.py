@@ -10,17 +10,20 @@ from hstu_replay.arguments import (
     CANDIDATES, DEVICE, DUMP_BATCH_SIZE, DUMP_BATCHES, DUMP_SEED, MODEL_CONFIG, MODEL_MAX_HISTORY, OFFLOAD_CHUNK_TOKENS,
     PAGE_TOKENS, REPOSITORY, STORE, THREADS, WEIGHTS_SEED, Option,
 )
+from hstu_replay.cache_ledger import DEFAULT_PAGE_TOKENS, DEFAULT_POOL_TOKENS, PUBLISHED_POOL_PAGES
 from hstu_replay.errors import ConfigError
+from hstu_replay.interface import DEFAULT_CACHE_METRICS_PORT, DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT
 from hstu_replay.process import long_running
 from hstu_replay.server.frontends import FRONTENDS, Engine, Frontend, engine_defaults, frontend_help
 
 SERVE_OPTIONS = (
     Option("--host", "address to listen on", "127.0.0.1"),
-    Option("--http-port", "Triton's HTTP port", 8000, int),
-    Option("--grpc-port", "Triton's gRPC port", 8001, int),
-    Option("--metrics-port", "Triton's Prometheus metrics port", 8002, int),
-    Option("--cache-metrics-port", "the KV-cache counters' port", 8003, int),
-    Option("--cache-budget-tokens", "KV-cache capacity in tokens (published: 102,400 pages of 32)", 3_276_800, int),
+    Option("--http-port", "Triton's HTTP port", DEFAULT_HTTP_PORT, int),
+    Option("--grpc-port", "Triton's gRPC port", DEFAULT_GRPC_PORT, int),
+    Option("--metrics-port", "Triton's Prometheus metrics port", DEFAULT_METRICS_PORT, int),
+    Option("--cache-metrics-port", "the KV-cache counters' port", DEFAULT_CACHE_METRICS_PORT, int),
+    Option("--cache-budget-tokens", f"KV-cache capacity in tokens (published: {PUBLISHED_POOL_PAGES:,} pages of "
+           f"{DEFAULT_PAGE_TOKENS})", DEFAULT_POOL_TOKENS, int),
     PAGE_TOKENS,
     Option("--reserve-pool", "take the KV pool's whole budget at start, as NVIDIA's runtime takes its primary "
                              "pages (--engine batched or batched-aoti), instead of growing it as it fills: growing "
@@ -78,7 +81,7 @@ def add_commands(groups) -> None:
     wait = commands.add_parser("wait", help="until a `server serve` started by a script serves its model",
                                 epilog="example: hstu-replay server wait --http-port 8000 --pid 4242 --log server.log "
                                        "--timeout 60")
-    wait.add_argument("--http-port", type=int, default=8000)
+    wait.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT)
     wait.add_argument("--pid", type=int, required=True, help="the server's process: fail at once when it is gone")
     wait.add_argument("--log", required=True, help="the server's log: its own error line is quoted on failure")
     wait.add_argument("--timeout", type=float, default=180.0, help="seconds (default 180)")

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from hstu_replay.errors import InputError, LimitError
-from hstu_replay.interface import NUM_CONTEXT_TOKENS
+from hstu_replay.interface import NUM_CONTEXT_TOKENS, history_tokens
 from hstu_replay.request import RequestTensors, UserRequest
 from hstu_replay.server.model_config import ModelConfig
 from hstu_replay.server.kvcache import KVCache, Reuse
@@ -32,7 +32,7 @@ class InferResult:
 
 def history_ids(user: UserRequest) -> np.ndarray:
     """The raw ids of a user's history tokens: 6 contextual, then item/action interleaved."""
-    ids = np.empty(NUM_CONTEXT_TOKENS + 2 * user.history_length, dtype=np.int64)
+    ids = np.empty(history_tokens(user.history_length), dtype=np.int64)
     ids[0] = user.user_id
     ids[1:NUM_CONTEXT_TOKENS] = user.context
     ids[NUM_CONTEXT_TOKENS::2] = user.history_items

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hstu_replay.interface import NUM_CONTEXT_TOKENS, NUM_TASKS
+from hstu_replay.interface import NUM_CONTEXT_TOKENS, NUM_TASKS, history_tokens
 from hstu_replay.server.model_config import ModelConfig
 
 ITEM_KIND = NUM_CONTEXT_TOKENS  # token kinds: 0 user id, 1..5 context, 6 item, 7 action
@@ -199,7 +199,7 @@ class JaggedRanker(nn.Module):
         starts = torch.cumsum(lengths, 0) - lengths
         items = starts[ITEM_KIND * batch + user]  # where each user's video ids start
         n_hist = lengths[ITEM_KIND * batch + user] - num_candidates[user]
-        hist_len = torch.where(real, NUM_CONTEXT_TOKENS + 2 * n_hist.clamp(0, cfg.max_history), 0)
+        hist_len = torch.where(real, history_tokens(n_hist.clamp(0, cfg.max_history)), 0)
         token = torch.arange(cfg.max_history_tokens, device=values.device)
         pair = torch.where(token < NUM_CONTEXT_TOKENS, 0, (token - NUM_CONTEXT_TOKENS) // 2)
         hist_idx = starts[history_kinds(token)[None, :] * batch + user[:, None]] + pair[None, :]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hstu_replay.errors import ConfigError
-from hstu_replay.interface import NUM_CONTEXT_TOKENS, PUBLISHED_LIMITS, Limits, history_tokens
+from hstu_replay.interface import NUM_CONTEXT_TOKENS, PUBLISHED_LIMITS, Limits, history_tokens, user_values
 
 DTYPES = ("float32", "bfloat16")
 
@@ -49,7 +49,7 @@ class ModelConfig:
     def limits(self) -> Limits:
         """What a request to this model may hold (the served models publish it): a full batch of the
         longest histories with the most candidates, 6 contextual values + 2 per item and per candidate."""
-        most_values = self.max_batch * (NUM_CONTEXT_TOKENS + 2 * (self.max_history + self.max_candidates))
+        most_values = self.max_batch * user_values(self.max_history, self.max_candidates)
         return Limits(self.max_batch, most_values, self.max_candidates, self.max_history)
 
     @property

@@ -34,7 +34,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from hstu_replay.errors import ConfigError, ServerError
-from hstu_replay.interface import CONTROL_MODEL, KVCACHE, NOCACHE, PYTHON_BACKEND, Limits, ModelInterface
+from hstu_replay.interface import (
+    CONTROL_MODEL, DEFAULT_CACHE_METRICS_PORT, DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT, KVCACHE,
+    NOCACHE, PYTHON_BACKEND, Limits, ModelInterface,
+)
 from hstu_replay.metrics.pages import SERVER_INFO
 from hstu_replay.request import RequestTensors
 from hstu_replay.server.phases import NO_CLOCK, PhaseClock
@@ -109,10 +112,10 @@ class RequiredHeader:
 @dataclass(frozen=True)
 class ServeOptions:
     host: str = "127.0.0.1"
-    http_port: int = 8000
-    grpc_port: int = 8001
-    metrics_port: int = 8002
-    cache_metrics_port: int = 8003
+    http_port: int = DEFAULT_HTTP_PORT
+    grpc_port: int = DEFAULT_GRPC_PORT
+    metrics_port: int = DEFAULT_METRICS_PORT
+    cache_metrics_port: int = DEFAULT_CACHE_METRICS_PORT
     log_verbose: int = 0
     tls: TlsFiles | None = None  # gRPC then takes TLS only, and `https_port` serves HTTPS
     https_port: int = 0  # 0: no HTTPS; else Triton's HTTP port stays on loopback behind a TLS forwarder

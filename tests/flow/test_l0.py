@@ -236,7 +236,7 @@ def test_ctrl_c_tears_the_server_down(tmp_path, compiled_repository, moment):
 @pytest.mark.parametrize("args, message", [
     (["--config", "nosuch"], "unknown model config 'nosuch'"),
     (["--batches", "1"], "--batches 1: needs a warm-up batch"),
-    (["--batch-size", "9"], "--batch-size 9: use 1..8"),
+    (["--batch-size", "9"], "--batch-size '9': use a whole number of users in 1..8"),
     (["--store", "/nonexistent/store"], "--store /nonexistent/store: no such store directory"),
     (["--ports", "1,2"], "--ports '1,2': give four port numbers"),
 ])

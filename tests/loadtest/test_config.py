@@ -41,7 +41,10 @@ def test_a_closed_loop_offers_no_rate(tmp_path):
     ({"time_scale": 2.0}, "only with --workload timeline"),
     ({"timeline_shard": "0/2"}, "only with --workload timeline"),
     ({"arrival": "constant"}, "--arrival constant needs --request-rate > 0"),
-    ({"batch_sizes": "1.5"}, "whole numbers in 1..8"),
+    ({"batch_sizes": "1.5"}, "--batch-sizes '1.5': use a whole number of users in 1..8"),
+    ({"batch_sizes": "1,9"}, "--batch-sizes '9': use a whole number of users in 1..8"),
+    ({"hit_ratios": "0,1.5"}, "--hit-ratios '1.5': use a hit ratio in 0..1"),
+    ({"hit_ratios": "-0.1"}, "--hit-ratios '-0.1': use a hit ratio in 0..1"),
     ({"max_p99_ms": "x"}, "--max-p99-ms"),
 ])
 def test_bad_values_are_named(tmp_path, given, message):

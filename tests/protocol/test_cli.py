@@ -129,7 +129,7 @@ def test_a_killed_run_keeps_what_it_measured(triton_server, reference_dumps, tmp
 
 @pytest.mark.parametrize("args, message", [
     ([], "give exactly one of --dump-dir DIR or --store STORE"),
-    (["--batch-sizes", "1,9"], "--batch-sizes '9': must be <= 8"),
+    (["--batch-sizes", "1,9"], "--batch-sizes '9': use a whole number of users in 1..8"),
     (["--models", "hstu_model,nope"], "--models 'hstu_model,nope'"),
     (["--cases", "30"], "batch size 2: 48 users make 24 cases; the protocol needs 31"),
     (["--sleep", "soon"], "--sleep 'soon': expected a number"),
