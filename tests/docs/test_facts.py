@@ -79,3 +79,17 @@ def test_the_interface_page_lists_every_interface_with_its_model_and_tensors():
         assert all(t.name in row for t in interface.inputs), name
         assert all(t.name in row for t in interface.outputs), name
         assert row.rstrip(" |").endswith("yes" if interface.uses_cache else "no"), name
+
+
+def test_the_small_model_s_limits_quoted_are_the_code_s():
+    """Where the README and the reference-server guide state the built-in model's limits."""
+    from hstu_replay.server.model_config import get_config
+
+    small = get_config("small").limits
+    sentence = re.compile(r"at most (\d+) users a request, (\d+) history\s+items and (\d+) candidates a\s+user,? "
+                          r"\(?([\d,]+) values")
+    for page in (ROOT / "README.md", DOCS / "guides" / "reference-server.md"):
+        quoted = sentence.search(page.read_text())
+        assert quoted, f"{page.name}: the small model's limits are not stated"
+        assert (int(quoted[1]), int(quoted[2]), int(quoted[3]), int(quoted[4].replace(",", ""))) == \
+               (small.max_batch, small.max_history, small.max_candidates, small.max_values), page.name
