@@ -96,7 +96,8 @@ def _signatures(trees: dict[str, ast.Module]) -> dict[str, list[list[str]]]:
 def _uses(tree: ast.Module, signatures: dict[str, list[list[str]]]):
     """(line, name, value node, kind) for every place a named value is written. Kind "default":
     defaults of parameters, class fields, `Option(flag, help, default)`, `X.add_to/but(default=...)`,
-    `add_argument(flag, default=...)`, constants assigned to a name; kind "given": keywords and positional arguments of a known signature."""
+    `add_argument(flag, default=...)`, constants assigned to a name; kind "given": keywords and
+    positional arguments of a known signature."""
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             args = node.args
@@ -174,7 +175,8 @@ ORDER = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 def _hit_ratio_bounds(tree: ast.Module, fact: Fact) -> Iterator[int]:
     """Lines ordering a hit ratio against the top of its range (`0 <= hit_ratio <= 1`), or anything
     against it in the test of an `if` whose refusal speaks of a hit ratio
-    (`if any(r > 1.0 ...): raise ...("--hit-ratios ...")`). A ratio tested for 0 or equal to 1 is logic, not the range."""
+    (`if any(r > 1.0 ...): raise ...("--hit-ratios ...")`). A ratio tested for 0, or equal to 1, is
+    logic, not the range."""
     def bounds(node: ast.AST) -> Iterator[ast.Compare]:
         return (c for c in _compares(node, (fact.value,)) if all(isinstance(op, ORDER) for op in c.ops))
 
@@ -343,7 +345,8 @@ def fractions(share, hit_ratio, error_ratio, target, port: int = 8000, base: int
 def test_the_scan_finds_planted_literals_and_leaves_unrelated_numbers_alone():
     found = scan({"planted.py": PLANTED, "verify.py": "DEFAULT_TOLERANCE = 0.0625\n", "unrelated.py": UNRELATED})
     lines = sorted({int(f.split(":")[1].split()[0]) for f in found if f.startswith("planted.py:")})
-    assert lines == [4, 5, 8, 9, 14, 15, 19, 21, 22, 23, 24, 28, 32, 34, 36, 39, 40, 41, 46, 47, 48, 49, 53, 54, 55], found
+    assert lines == [4, 5, 8, 9, 14, 15, 19, 21, 22, 23, 24, 28,
+                     32, 34, 36, 39, 40, 41, 46, 47, 48, 49, 53, 54, 55], found
     assert sum(f.startswith("planted.py:36 history tokens") for f in found) == 1  # one line, however many sums
     assert [f for f in found if not f.startswith("planted.py:")] == []  # the home and the unrelated file
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hstu_replay.arguments import (
     BUDGETS, CANDIDATES, MAX_HISTORY, MAX_VALUES, OFFLOAD_CHUNK_TOKENS, OVER_LIMIT, PAGE_TOKENS, REBASE_KEEP,
-    STORE, TIME_SLICE_MS, VISITS_PER_REQUEST, Option, numbers, within,
+    STORE, TIME_SLICE_MS, VISITS_PER_REQUEST, Option, batch_number, numbers, within,
 )
 from hstu_replay.errors import ConfigError
 from hstu_replay.interface import Limits
@@ -58,8 +58,8 @@ def _cache_curve(args: argparse.Namespace) -> int:
     from hstu_replay.plan.tiers import OFFLOAD_MODES
 
     limits = Limits(max_history=args.max_history, max_values=args.max_values)
-    within(("--batch-size", args.batch_size, 1, limits.max_batch),
-           ("--candidates", args.candidates, 1, limits.max_candidates),
+    batch_number("--batch-size", args.batch_size, limits)
+    within(("--candidates", args.candidates, 1, limits.max_candidates),
            ("--max-history", args.max_history, 1, None),
            ("--max-values", args.max_values, 1, None),
            ("--time-slice-ms", args.time_slice_ms, 0, None),

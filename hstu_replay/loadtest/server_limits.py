@@ -48,7 +48,7 @@ def fit_to_server(config: LoadTestConfig, limits: Limits | None) -> tuple[LoadTe
     if limits is None:
         return config, ()
     most = max(config.sweep.batches)
-    if most > limits.max_batch:
+    if not limits.takes_batch(most):  # the sweep's sizes are whole and at least 1: the largest decides
         raise ConfigError(f"--batch-sizes {config.options['batch_sizes']}: the server's model takes at most "
                           f"{limits.max_batch} users per request ({_published('max_batch')}); give batch sizes "
                           f"of {limits.max_batch} or less")

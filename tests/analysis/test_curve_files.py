@@ -81,7 +81,8 @@ def test_each_policy_gives_its_own_curve_and_counts(long_store, tmp_path):
 def test_bad_input_is_one_line_and_exit_2(tmp_path, long_store):
     for args, words in ((("--store", str(tmp_path / "none")), "no such store"),
                         (("--store", str(long_store), "--budgets", "1e6"), "--budgets"),
-                        (("--store", str(long_store), "--batch-size", "9"), "--batch-size")):
+                        (("--store", str(long_store), "--batch-size", "9"),
+                         "--batch-size '9': use a whole number of users in 1..8")):
         proc = _cli("plan", "cache-curve", *args)
         assert proc.returncode == 2, proc
         assert words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
