@@ -44,7 +44,8 @@ PAGE_TOKENS = 32
 #: bf16's, cannot tell wrong cached K/V here: another history moves the small model's logits by ~0.03.)
 ATOL = 1e-4
 HOST_BUDGET_TOKENS, OFFLOAD_CHUNK_TOKENS = 640, 64  # behind the small pool: 20 pages, native offload
-SETTINGS = CppBackendSettings(CONFIG, Path("/repo/step.pt2"), BUDGET_TOKENS, PAGE_TOKENS)
+SETTINGS = CppBackendSettings(config=CONFIG, package=Path("/repo/step.pt2"), cache_budget_tokens=BUDGET_TOKENS,
+                              page_tokens=PAGE_TOKENS)
 
 
 def test_every_model_names_our_backend_with_its_published_tensors_and_its_role():
@@ -391,13 +392,18 @@ def test_locust_replays_the_reference_dumps_through_the_cpp_backend(cpp_server, 
     result = run_locust(
         tmp_path / "report", "-u", "1", "-r", "1", "--triton-url", server.grpc_url, "--workload", "dumps",
         "--dump-dir", str(reference_dumps), "--hit-ratios", "0,1.0", "--batch-sizes", "8",
-        "--stage-seconds", "3", "--warmup-seconds", "1", "--max-history", "256", "--max-mismatches", "0",
+        "--stage-seconds", "3", "--warmup-seconds", "1", "--max-mismatches", "0",
         # client and server share two cores, and this server answers in milliseconds: the client's loop
         # lags; what is checked here is the answers and the hits, not who bounded the rate
         *MACHINE_LENIENT,
     )
     assert result.violations_but_the_machines() == []
     report = result.report
+    # --max-history left out: the model's published limits cap it (8 users of 6 + 2 x (256 + 32) values)
+    assert report["run"]["server_limits"] == {
+        "published": {"max_batch": 8, "max_values": 4656, "max_candidates": 32, "max_history": 256},
+        "caps": [{"option": "--max-history", "asked": 4096, "used": 256},
+                 {"option": "--max-values", "asked": 40_000, "used": 4656}]}
     assert report["verification"]["mismatches"] == 0  # the compiled no-cache package's logits, from the dumps
     assert report["verification"]["verified"] > 0
     for stage in report["stages"]:
