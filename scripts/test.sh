@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up, then run the whole test suite (unit and integration, real tritonserver and locust; the
-# documentation site is built with warnings as errors by tests/docs/test_site.py), printing the
-# slowest tests at the end.
+# documentation site is built with warnings as errors by tests/docs/test_site.py) in two pytest
+# processes sharing it (scripts/run-tests.sh), printing the slowest tests at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -19,4 +19,4 @@ if [ ! -x /usr/sbin/haproxy ]; then
     $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q haproxy
 fi
 . .venv/bin/activate
-python -m pytest -q --durations=25 "$@"
+bash scripts/run-tests.sh "$@"

@@ -78,14 +78,14 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
 
 
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
-    """`name`'s folder, built by `build(folder)` once per test run: with parallel workers
-    (pytest-xdist), the first to ask builds it under the run's shared folder while the others
-    wait on its lock; each then only reads it."""
+    """`name`'s folder, built by `build(folder)` once per test run: where several pytest processes
+    share the run (tests/shards.py), the first to ask builds it in their shared folder while the
+    others wait on its lock; each then only reads it."""
     from filelock import FileLock
 
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # every worker's base folder sits in the run's
+    from tests.shards import shared_folder
+
+    root = shared_folder() or tmp_path_factory.getbasetemp()
     folder, done = root / "built" / name, root / "built" / f"{name}.done"
     folder.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(folder) + ".lock"):
@@ -309,7 +309,8 @@ def oracle_servers(tmp_path_factory) -> Iterator[Callable[..., OracleHandle]]:
     assert not left, f"oracle processes left running: {left}"
 
 
-pytest_plugins = ["tests.certs"]  # `secure`: one TLS server per session, for tests/client and tests/loadtest
+pytest_plugins = ["tests.certs",  # `secure`: one TLS server per session, for tests/client and tests/loadtest
+                  "tests.shards"]  # several pytest processes sharing one run (scripts/test.sh)
 
 
 # ---------------------------------------------------------------------------------------------------------
