@@ -61,6 +61,17 @@ def test_gateway_config_is_what_haproxy_takes(capsys, tmp_path, balance):
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
+def stop_for_sure(process: subprocess.Popen) -> None:
+    """A `fleet serve` still up after its test (its servers run in sessions of their own, so it must
+    stop them itself): SIGTERM, which it always honours, then a kill after two minutes."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 @needs_haproxy
 @pytest.mark.integration
 def test_serve_runs_until_sigterm_and_leaves_nothing(compiled_repository, tmp_path):
@@ -91,12 +102,7 @@ def test_serve_runs_until_sigterm_and_leaves_nothing(compiled_repository, tmp_pa
         process.send_signal(signal.SIGTERM)
         assert process.wait(120) == 0, out.read_text()
     finally:
-        if process.poll() is None:  # its servers run in sessions of their own: it must stop them itself
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(120)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_for_sure(process)
     assert "fleet stopped" in out.read_text()
     assert [pid for pid in family if alive(pid)] == []
 
@@ -121,11 +127,6 @@ def test_serve_started_with_sigint_ignored_still_stops_on_sigint(compiled_reposi
         process.send_signal(signal.SIGINT)
         assert process.wait(120) == 0, out.read_text()
     finally:
-        if process.poll() is None:  # SIGINT ignored: its servers run in sessions of their own, SIGTERM stops them
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(120)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_for_sure(process)
     assert "fleet stopped" in out.read_text()
     assert [pid for pid in family if alive(pid)] == []

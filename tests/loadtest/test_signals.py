@@ -63,17 +63,26 @@ def test_ctrl_c_or_sigterm_ends_a_headless_run_with_its_report(signum, triton_se
     assert_report_matches_records(report)
 
 
-def test_ctrl_c_ends_the_web_ui_during_a_run_from_the_form(triton_server, reference_dumps, tmp_path):
+def web_ui_run_from_the_form(triton_server, reference_dumps, tmp_path):
+    """A web UI process with a run started from its form and measuring: (process, its URL, report dir)."""
     (port,) = free_ports(1)
     base, report = f"http://127.0.0.1:{port}", tmp_path / "report"
     process = launch(tmp_path / "locust.log", "--web-port", str(port), "--report-dir", str(report),
                      *sweep(triton_server, reference_dumps))
     try:
         wait_until(lambda: get_json(f"{base}/stats/requests")["state"] == "ready", 60, "the web UI")
-        assert post_form(f"{base}/swarm", {"user_count": 2, "spawn_rate": 2, "host": f"grpc://{triton_server.grpc_url}"})["success"]
+        form = {"user_count": 2, "spawn_rate": 2, "host": f"grpc://{triton_server.grpc_url}"}
+        assert post_form(f"{base}/swarm", form)["success"]
         wait_until(lambda: measuring(report), 90, "measured requests")
-    finally:
-        took = interrupt(process)
+    except BaseException:
+        interrupt(process)
+        raise
+    return process, base, report
+
+
+def test_ctrl_c_ends_the_web_ui_during_a_run_from_the_form(triton_server, reference_dumps, tmp_path):
+    process, _, report = web_ui_run_from_the_form(triton_server, reference_dumps, tmp_path)
+    took = interrupt(process)
     print(f"web UI mid-run: exit {took:.2f} s after SIGINT (code {process.returncode})")
     assert took < BOUND_S
     data = assert_report_matches_records(report)
@@ -81,14 +90,8 @@ def test_ctrl_c_ends_the_web_ui_during_a_run_from_the_form(triton_server, refere
 
 
 def test_the_web_ui_stop_button_is_a_normal_end_not_an_interruption(triton_server, reference_dumps, tmp_path):
-    (port,) = free_ports(1)
-    base, report = f"http://127.0.0.1:{port}", tmp_path / "report"
-    process = launch(tmp_path / "locust.log", "--web-port", str(port), "--report-dir", str(report),
-                     *sweep(triton_server, reference_dumps))
+    process, base, report = web_ui_run_from_the_form(triton_server, reference_dumps, tmp_path)
     try:
-        wait_until(lambda: get_json(f"{base}/stats/requests")["state"] == "ready", 60, "the web UI")
-        assert post_form(f"{base}/swarm", {"user_count": 2, "spawn_rate": 2, "host": f"grpc://{triton_server.grpc_url}"})["success"]
-        wait_until(lambda: measuring(report), 90, "measured requests")
         assert post_form(f"{base}/stop", {})["success"]
         wait_until(lambda: get_json(f"{base}/stats/requests")["state"] == "stopped", 30, "the run to stop")
         wait_until(lambda: (report / "report.json").is_file(), 10, "the report")
