@@ -127,12 +127,14 @@ def _pass(phase: str, requests: Sequence[tuple[DumpBatch, RequestTensors]], clie
         try:
             response = client.infer(tensors)
         except HstuReplayError as exc:
-            case = Case(batch.name, phase, False, None, -1, None, history, None, str(exc))
+            case = Case(batch=batch.name, phase=phase, ok=False, max_abs_diff=None, worst_user=-1, latency_ms=None,
+                        history_tokens=history, cached_tokens=None, error=str(exc))
         else:
             verdict = compare(response.logits, batch.logits, tensors.num_candidates, tolerance)
             cached = None if response.cached_tokens is None else int(np.sum(response.cached_tokens))
-            case = Case(batch.name, phase, verdict.ok, verdict.max_abs_diff, verdict.worst_user,
-                        round(response.latency_s * 1000, 3), history, cached, verdict.reason)
+            case = Case(batch=batch.name, phase=phase, ok=verdict.ok, max_abs_diff=verdict.max_abs_diff,
+                        worst_user=verdict.worst_user, latency_ms=round(response.latency_s * 1000, 3),
+                        history_tokens=history, cached_tokens=cached, error=verdict.reason)
         records.write(orjson.dumps(asdict(case)) + b"\n")
         records.flush()
         cases.append(case)
