@@ -146,6 +146,9 @@ def test_eviction_under_a_small_budget(compiled_repository, tmp_path):
         c.close()
     finally:
         assert stop_server(server) == 0
+    # --engine left out: the frontend's default taken, and said once
+    said = [line for line in (tmp_path / "small.log").read_text().splitlines() if "--engine" in line]
+    assert said == ["hstu-replay: --engine aoti, the default of --frontend pytriton (--engine chooses another)"]
 
 
 def test_a_taken_port_is_one_clear_line(triton_server, compiled_repository):
