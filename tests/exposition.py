@@ -1,5 +1,6 @@
 """A Prometheus text page read the plainest way, independently of prometheus_client: every sample
-line `name value` (no labels: the target's cache-metrics page has none) -> its value."""
+line `name value` -> its value (the target's cache-metrics page has labels on one line only, its server's
+addresses, which stay in the name as written)."""
 
 from __future__ import annotations
 

@@ -54,7 +54,10 @@ def test_the_page_holds_each_figure_under_its_published_name(page):
     _, read = page
     expected = {f"hstu_kvcache_{key}" + ("_total" if kind == "counter" else ""): float(STATS[key])
                 for key, kind, _ in CACHE_METRICS}
-    assert exposed(read()) == expected
+    info = f'{metrics.SERVER_INFO}{{grpc="127.0.0.1:8001",http="127.0.0.1:8000"}}'
+    assert exposed(read()) == {**expected, info: 1.0}
+    # the page names its server: ServeOptions' defaults, gRPC 8001 on 127.0.0.1
+    assert metrics.server_address(metrics.parse(read())) == "127.0.0.1:8001"
     assert exposed(read())["hstu_kvcache_onboarded_bytes_total"] == 123_456_789_012  # exact past 2**32
 
 
@@ -67,7 +70,9 @@ def test_the_page_parses_with_prometheus_client_with_types_and_help(page):
         (sample,) = family.samples
         assert sample.name == f"hstu_kvcache_{key}" + ("_total" if kind == "counter" else "")
         assert (sample.labels, sample.value) == ({}, STATS[key])
-    assert len(families) == len(CACHE_METRICS)
+    info = families[metrics.SERVER_INFO]
+    assert [(s.labels, s.value) for s in info.samples] == [({"grpc": "127.0.0.1:8001", "http": "127.0.0.1:8000"}, 1)]
+    assert len(families) == len(CACHE_METRICS) + 1
 
 
 def test_capacity_reads_the_counters_moving_between_two_scrapes(page):
