@@ -134,7 +134,7 @@ PLAN: dict[tuple[str, str], Run | Skip] = {
         "tests/server/test_cpp_backend.py builds the backend with these CMake arguments (hstu_replay/cmake_build.py)"),
     ("docs/guides/reference-server.md", "hstu-replay server serve --engine batched --config small"): Skip(
         "its bench needs a CUDA GPU; tests/server/test_serve_host_tier.py serves this host tier"),
-    ("docs/guides/web-ui.md", "locust -f locustfiles/hstu.py"): Run(),
+    ("docs/guides/web-ui.md", "locust -f locustfiles/hstu.py"): Run(server=True),
 }
 
 
