@@ -228,7 +228,7 @@ def hstu_stats_message(worker: ActiveRun, node_id: str) -> bytes:
     from locust.rpc.protocol import Message
 
     data: dict = {}
-    data["hstu"] = worker.stats.take().to_dict()  # loadtest.hooks: report_to_master
+    data["hstu"] = worker.figures.stats.take().to_dict()  # loadtest.hooks: report_to_master
     return Message("stats", data, node_id).serialize()
 
 
@@ -236,7 +236,7 @@ def receive(master: ActiveRun, payload: bytes) -> None:
     from locust.rpc.protocol import Message
 
     data = Message.unserialize(payload).data
-    master.stats.merge(RunStats.from_dict(data["hstu"]))  # loadtest.hooks: worker_report
+    master.figures.stats.merge(RunStats.from_dict(data["hstu"]))  # loadtest.hooks: worker_report
 
 
 def buckets(stats: RunStats) -> int:
@@ -245,7 +245,7 @@ def buckets(stats: RunStats) -> int:
 
 def accounting_run(config: LoadTestConfig, master: ActiveRun, requests: int, workers: int, report_every: int,
                    users: int, progress) -> AccountingRun:
-    runs = [ActiveRun(prepared_run(config, Placement(WorkerRole(), w, workers))) for w in range(workers)]
+    runs = [ActiveRun.start(prepared_run(config, Placement(WorkerRole(), w, workers))) for w in range(workers)]
     stages = master.prepared.schedule.stages
     shapes = {s.key: step_shapes(s.key.goal_ratio, SHAPES, seed=10 + s.index) for s in stages}
     keys = [FreshKeys(start=(w + 1) << 40) for w in range(workers)]
@@ -270,11 +270,11 @@ def accounting_run(config: LoadTestConfig, master: ActiveRun, requests: int, wor
             if prime is not None:  # a prime sent while the stage warms up counts as warm-up, as in user.py
                 sends.insert(0, (prime, "warmup" if kind == "warmup" else "prime", shape.label + " (prime)"))
             for part, part_kind, label in sends:
-                predicted = worker.fleet.predict(worker.fleet.route(part), part).hits
+                predicted = worker.live.fleet.predict(worker.live.fleet.route(part), part).hits
                 latency, lag = next(timings)
                 outcome = Outcome(latency, cached_tokens=np.array(predicted), verdict=OK_VERDICT, lag_s=lag)
                 expected = (0,) * BATCH if part is prime else predicted
-                worker.accountant.file(Sent(part_kind, stage.key, part, expected, predicted, outcome, label, user))
+                worker.live.accountant.file(Sent(part_kind, stage.key, part, expected, predicted, outcome, label, user))
                 done += 1
                 sent[w] += 1
                 if sent[w] % report_every == 0:
@@ -285,15 +285,15 @@ def accounting_run(config: LoadTestConfig, master: ActiveRun, requests: int, wor
                     run.reports_sent += 1
                     run.report_bytes += len(payload)
                 if done % sample_every == 0:
-                    records = sum(r.records.path.stat().st_size for r in runs)
+                    records = sum(r.live.records.path.stat().st_size for r in runs)
                     run.samples.append(Sample(done, time.perf_counter() - start, time.process_time() - cpu0,
-                                              rss_mib(), records / 2**20, buckets(master.stats)))
+                                              rss_mib(), records / 2**20, buckets(master.figures.stats)))
                     progress(run.samples[-1])
-            worker.fleet.retire(request.user_ids.tolist())  # the source settles the step
+            worker.live.fleet.retire(request.user_ids.tolist())  # the source settles the step
             step += 1
     for w, worker in enumerate(runs):  # the last report, as a worker sends at test stop
         receive(master, hstu_stats_message(worker, f"worker{w}"))
-        run.records_bytes += worker.records.path.stat().st_size
+        run.records_bytes += worker.live.records.path.stat().st_size
         worker.close()
     return run
 
@@ -326,16 +326,16 @@ def cost_breakdown(config: LoadTestConfig, n: int) -> list[tuple[str, float]]:
     stage, zeros = BinKey(BATCH, 0.0), (0,) * BATCH
     outcome = Outcome(0.012, cached_tokens=np.zeros(BATCH, dtype=np.int64), verdict=OK_VERDICT, lag_s=0.0004)
     model = CacheModel(None, 32)
-    stats_only = ActiveRun(prepared_run(config, Placement(LocalRole())))
-    stats_only.accountant.records = None
-    with_records = ActiveRun(prepared_run(config, Placement(LocalRole())))
+    stats_only = ActiveRun.start(prepared_run(config, Placement(LocalRole())))
+    stats_only.live.accountant.records = None
+    with_records = ActiveRun.start(prepared_run(config, Placement(LocalRole())))
 
     def predict_and_retire(request: RequestTensors) -> None:
         model.predict(request)
         model.retire(request.user_ids.tolist())
 
     def filer(run: ActiveRun):
-        return lambda request: run.accountant.file(Sent("measure", stage, request, zeros, zeros, outcome, "x", 0))
+        return lambda request: run.live.accountant.file(Sent("measure", stage, request, zeros, zeros, outcome, "x", 0))
 
     def cpu_us(body) -> float:
         keys = FreshKeys()
@@ -350,7 +350,7 @@ def cost_breakdown(config: LoadTestConfig, n: int) -> list[tuple[str, float]]:
             ("Accountant.file with its RecordWriter", cpu_us(filer(with_records)))]
     stats_only.close()
     with_records.close()
-    with_records.records.path.unlink()
+    with_records.live.records.path.unlink()
     return rows
 
 
@@ -379,7 +379,7 @@ def accounting_and_report(args, requests: int, out: Path) -> None:
     print("\n## Final report: loadtest.finish.write_final_report (JSON, CSV, SVG, HTML)\n", flush=True)
     seconds = final_report_s(master_runtime)
     sizes = {p.name: p.stat().st_size for p in sorted(out.glob("report*")) + sorted(out.glob("*.svg"))}
-    merged = master.stats
+    merged = master.figures.stats
     print(f"\nfinal report written in {seconds:.2f} s from {sum(b.requests for b in merged.bins.values()):,} "
           f"measured requests in {len(merged.bins)} bins; files: "
           + ", ".join(f"{name} {size / 1024:.0f} KiB" for name, size in sizes.items()), flush=True)

@@ -88,7 +88,7 @@ class Stall:
 
 def master_lost(environment, silent_s: float, timeout_s: float) -> None:
     runner, run = environment.runner, environment.hstu.run
-    records = run.records.path if run is not None and run.records is not None else None
+    records = run.live.records.path if run is not None and run.live.records is not None else None
     _say(f"error: no heartbeat from the master for {silent_s:.1f} s (--master-timeout {timeout_s:g}): stopping "
          f"{runner.user_count} users and exiting" + (f"; records kept in {records}" if records else ""))
     environment.process_exit_code = LOST_EXIT_CODE
@@ -132,7 +132,7 @@ class WorkerAccount:
 
     def _connected(self, client_id: str) -> None:
         run, runner = self._run, self.environment.runner
-        if run is None or not run.clock.started or run.ended or runner.state not in _states()[0]:
+        if run is None or not run.live.clock.started or run.live.ended or runner.state not in _states()[0]:
             return
         if client_id not in self.running and all(j["client_id"] != client_id for j in self.joins):
             at_s = self._run_clock(time.time())
@@ -173,7 +173,7 @@ class WorkerAccount:
         gevent.spawn_later(1.0, self.environment.runner.quit)  # unless Locust's own end comes first
 
     def _run_clock(self, wall: float) -> float | None:
-        started = self._run.clock.started_epoch
+        started = self._run.live.clock.started_epoch
         return None if math.isnan(started) or math.isnan(wall) else max(wall - started, 0.0)
 
     def _stage_at(self, at_s: float | None) -> str | None:
@@ -185,7 +185,7 @@ class WorkerAccount:
         self.check()
         run, runner = self._run, self.environment.runner
         stages = run.prepared.schedule.stages
-        users_before = run.users
+        users_before, report_dir = run.figures.users, Path(run.prepared.config.report.report_dir)
         out = []
         for client_id, seen in self.losses:
             at_s = self._run_clock(seen)
@@ -193,7 +193,7 @@ class WorkerAccount:
             held = self.users.get(client_id, 0)
             out.append(loss(index, client_id, at_s, self._stage_at(at_s), held, users_before,
                             [s.key.name() for s in stages if at_s is None or s.end_s > at_s],
-                            measured_sent(Path(run.config.report.report_dir), index, run.clock.started_epoch),
+                            measured_sent(report_dir, index, run.live.clock.started_epoch),
                             self.received.get(client_id, 0)))
             users_before = max(users_before - held, 0)
         return out, list(self.joins)

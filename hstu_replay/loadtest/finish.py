@@ -27,29 +27,31 @@ THRESHOLD_EXIT_CODE = 3
 def run_metadata(environment) -> dict:
     runtime = environment.hstu
     run = runtime.run
-    c, binding = run.config, run.prepared.binding
+    prepared, figures = run.prepared, run.figures
+    c, binding = prepared.config, prepared.binding
     return {
         "model": c.target.model, "interface": binding.interface.name,
         "caches": binding.interface.uses_cache, "reports_hits": binding.reports_hits,
         "reports_tiers": binding.reports_tiers,
         "url": c.target.address, "protocol": c.target.protocol.value, "workload": c.data.workload,
         "source": c.data.path,
-        "users": max(run.users, environment.runner.user_count if environment.runner else 0),
-        "workers": runtime.role.worker_count, "role": runtime.role.name, "started": run.clock.started_epoch,
-        "history_caps": run.prepared.history_caps(),
-        "server_limits": server_limits_section(binding.limits, run.prepared.caps),
-        "stopped": run.stopped,
+        "users": max(figures.users, environment.runner.user_count if environment.runner else 0),
+        "workers": runtime.role.worker_count, "role": runtime.role.name, "started": run.live.clock.started_epoch,
+        "history_caps": prepared.history_caps(),
+        "server_limits": server_limits_section(binding.limits, prepared.caps),
+        "stopped": figures.stopped,
         "options": dict(c.options),
     }
 
 
 def current_report(environment) -> dict:
     runtime = environment.hstu
-    run, c = runtime.run, runtime.run.config
-    report = build_report(run.stats, run_metadata(environment), run.server_stages, c.checks.tolerance,
+    run = runtime.run
+    figures, c = run.figures, run.prepared.config
+    report = build_report(figures.stats, run_metadata(environment), figures.server_stages, c.checks.tolerance,
                           requested_rps=c.sweep.request_rate if c.sweep.arrival.open else None, rules=c.report.rules)
-    fleet = (fleet_section(run.stats, c.target.addresses, c.target.routing.value)
-             or gateway_section(run.backend_stages, run.prepared.fleet_names, run.stats))
+    fleet = (fleet_section(figures.stats, c.target.addresses, c.target.routing.value)
+             or gateway_section(figures.backend_stages, run.prepared.fleet_names, figures.stats))
     if fleet is not None:
         report["fleet"] = jsonable(fleet)
         with_fleet_flags(report)
@@ -57,7 +59,7 @@ def current_report(environment) -> dict:
     if story is not None:  # a master: the workers it lost or gained, and the stages a loss overlapped
         losses, joins = story
         with_workers(report, jsonable(losses), jsonable(joins), runtime.role.worker_count - len(losses) + len(joins))
-    with_interruption(report, None if run.interruption is None else jsonable(run.interruption.section()))
+    with_interruption(report, None if figures.interruption is None else jsonable(figures.interruption.section()))
     return report
 
 
@@ -69,19 +71,19 @@ def write_report(environment) -> dict:
 
 def _written(environment) -> tuple[dict, dict]:
     run = environment.hstu.run
-    c = run.config
+    c, figures = run.prepared.config, run.figures
     report = current_report(environment)
     thresholds = c.report.thresholds
     report["thresholds"] = None if thresholds.empty else verdict(evaluate(report, thresholds), thresholds.described())
     out = Path(c.report.report_dir)
-    if run.rows is not None:  # a natural replay: the hit ratio each request met
+    if figures.rows is not None:  # a natural replay: the hit ratio each request met
         from hstu_replay.report.natural import natural_section, write_natural_csv
 
-        records = run.rows.records()
+        records = figures.rows.records()
         report["natural"] = natural_section(records, c.data.policy)
         write_natural_csv(records, out)
     paths = write_reports(report, out)
-    run.report = report
+    figures.report = report
     return report, paths
 
 
@@ -89,7 +91,7 @@ def write_final_report(environment) -> dict:
     """At quitting: the report written once more, then its summary on the terminal and the
     process's exit code (the CI verdict)."""
     report, paths = _written(environment)
-    c = environment.hstu.run.config
+    c = environment.hstu.run.prepared.config
     print(format_table(latency_table(report)), flush=True)
     if shows_tiers(report):
         print("hstu-replay: cache tiers (token hit ratio per tier, users by tier):", flush=True)
@@ -147,6 +149,6 @@ def write_final_report(environment) -> dict:
     if interrupted is not None:  # whatever the thresholds say: the flags the interruption raised among them
         print(f"hstu-replay: FAIL: {interrupted} (exit {INTERRUPTED_EXIT_CODE})", file=sys.stderr, flush=True)
         environment.process_exit_code = INTERRUPTED_EXIT_CODE
-    if environment.hstu.run.stopped is not None:  # said when it stopped: a limit the server refused
+    if environment.hstu.run.figures.stopped is not None:  # said when it stopped: a limit the server refused
         environment.process_exit_code = LIMIT_EXIT_CODE
     return report

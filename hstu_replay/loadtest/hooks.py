@@ -80,11 +80,11 @@ def _merge_statistics(environment, runtime: LoadTestRuntime) -> None:
 
     def report_to_master(client_id, data, **_):
         if runtime.run is not None:
-            data.update(runtime.run.report_to_master())
+            data.update(runtime.run.figures.report_to_master())
 
     def worker_report(client_id, data, **_):
         if runtime.run is not None:
-            runtime.role.worker_reported(client_id, data, runtime.run.merge_worker_report(data))
+            runtime.role.worker_reported(client_id, data, runtime.run.figures.merge_worker_report(data))
 
     environment.events.report_to_master.add_listener(report_to_master)
     environment.events.worker_report.add_listener(worker_report)
@@ -97,8 +97,8 @@ def _start_sweep(environment) -> None:
     run = runtime.run
     if run is None:
         return
-    run.clock.start()  # no-op when the sweep already runs (the web UI changed the user count)
-    run.users = max(run.users, environment.runner.user_count)
+    run.live.clock.start()  # no-op when the sweep already runs (the web UI changed the user count)
+    run.figures.users = max(run.figures.users, environment.runner.user_count)
     runtime.role.sweep_started(run)
 
 
@@ -162,9 +162,7 @@ def _test_stop(environment, **_):
     runtime: LoadTestRuntime = environment.hstu
     if runtime.run is None:
         return
-    runtime.run.ended = True
-    for server in runtime.run.fleet.servers:  # an outage still going counts up to the end
-        server.availability.settle()
+    runtime.run.live.end()
     if runtime.role.reports:
         from hstu_replay.loadtest.finish import write_report
 

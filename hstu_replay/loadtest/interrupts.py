@@ -47,10 +47,10 @@ def _note(environment, signum: int) -> None:
     runtime = getattr(environment, "hstu", None)
     run = None if runtime is None else runtime.run
     runner = environment.runner
-    if run is None or run.ended or run.interruption is not None or runner is None \
+    if run is None or run.live.ended or run.figures.interruption is not None or runner is None \
             or runner.state not in (STATE_SPAWNING, STATE_RUNNING):
         return
-    run.interruption = Interruption.now(signum, run.clock)
+    run.figures.interruption = Interruption.now(signum, run.live.clock)
 
 
 def install(environment, role: Role) -> None:

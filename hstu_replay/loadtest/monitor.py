@@ -21,19 +21,19 @@ def watch_client(run) -> gevent.Greenlet:
     def loop() -> None:
         cpu, wall = time.process_time(), time.monotonic()
         tick = wall
-        while not run.ended:
+        while not run.live.ended:
             gevent.sleep(TICK_S)
             now = time.monotonic()
             late, tick = max(now - tick - TICK_S, 0.0), now
-            position = run.clock.position(now)
+            position = run.live.clock.position(now)
             measuring = position is not None and not position.warming_up
             if measuring:
-                run.stats.bin(position.stage.key).loop_lag.record(late)
+                run.figures.stats.bin(position.stage.key).loop_lag.record(late)
             if now - wall >= SAMPLE_S:
                 used, elapsed = time.process_time() - cpu, now - wall
                 cpu, wall = cpu + used, now
                 if measuring:
-                    b = run.stats.bin(position.stage.key)
+                    b = run.figures.stats.bin(position.stage.key)
                     b.client_cpu_s += used
                     b.client_wall_s += elapsed
                     b.client_cpu_peak = max(b.client_cpu_peak, used / elapsed)

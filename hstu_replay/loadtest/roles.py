@@ -115,7 +115,7 @@ class MasterRole(Role):
         return self.workers.story() if self.workers is not None else ([], [])
 
     def sweep_started(self, run) -> None:
-        self.runner.send_message(SWEEP_CLOCK, run.clock.elapsed_s())  # workers that join late get it too
+        self.runner.send_message(SWEEP_CLOCK, run.live.clock.elapsed_s())  # workers that join late get it too
 
     def waiting_for_workers(self) -> bool:
         from locust.runners import STATE_INIT
@@ -133,7 +133,7 @@ class WorkerRole(Role):
 
         def sweep_clock(msg, **_):
             if runtime.run is not None:
-                runtime.run.clock.start(elapsed_s=float(msg.data))
+                runtime.run.live.clock.start(elapsed_s=float(msg.data))
 
         self.runner.register_message(SWEEP_CLOCK, sweep_clock)
         watch_master(self.environment)  # a silent master stops this worker within --master-timeout

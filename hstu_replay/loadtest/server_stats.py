@@ -48,19 +48,19 @@ def split(before: dict, after: dict) -> dict[str, float]:
 
 def _backends(run):
     """Behind a gateway: the servers' own KV-cache counters (None without --fleet-metrics)."""
-    urls = run.config.target.fleet_metrics
+    urls = run.prepared.config.target.fleet_metrics
     if not urls:
         return None
     from hstu_replay.metrics.backends import BackendMetrics
     from hstu_replay.fleet.local import Backend
 
-    return BackendMetrics([Backend("", "", None, url) for url in urls], run.config.target.model)
+    return BackendMetrics([Backend("", "", None, url) for url in urls], run.prepared.config.target.model)
 
 
 def watch(environment, run) -> None:
-    model = run.config.target.model
+    model = run.prepared.config.target.model
     backends = _backends(run)
-    target = run.config.target
+    target = run.prepared.config.target
     clients = [TritonClient(target.client_options(i)) for i in range(len(target.addresses))]
     pending: dict = {}  # the stage whose window is open, and the snapshot taken when it opened
 
@@ -69,16 +69,16 @@ def watch(environment, run) -> None:
             after = _snapshot(clients, model)
             name = pending["stage"].key.name()
             if pending["before"] and after:
-                run.server_stages[name] = split(pending["before"], after)
+                run.figures.server_stages[name] = split(pending["before"], after)
             if backends is not None:
-                run.backend_stages[name] = backends.figures(pending["backends"], backends.snapshot())
+                run.figures.backend_stages[name] = backends.figures(pending["backends"], backends.snapshot())
             pending.clear()
 
     def follow():
         """Open a window when a stage's measured part begins, close it when that ends (polled:
         stages may end on a request count)."""
-        clock, current = run.clock, None
-        while not run.ended:  # bounded by the run (test_stop kills this greenlet at the latest)
+        clock, current = run.live.clock, None
+        while not run.live.ended:  # bounded by the run (test_stop kills this greenlet at the latest)
             position = clock.position()
             measuring = position.stage if position is not None and not position.warming_up else None
             if current is not None and measuring is not current:

@@ -16,7 +16,7 @@ class SweepShape(LoadTestShape):
         if runtime is None:
             return None
         run = runtime.run  # until test start: none yet, or the previous run (ended)
-        if run is not None and not run.ended and run.clock.over():
+        if run is not None and not run.live.ended and run.live.clock.over():
             return None
         options = self.runner.environment.parsed_options
         return options.num_users or 1, options.spawn_rate or 1

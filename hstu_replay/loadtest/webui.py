@@ -37,7 +37,7 @@ def tab_report(environment) -> dict | None:
     run = getattr(getattr(environment, "hstu", None), "run", None)
     if run is None:
         return None
-    return run.report if run.ended and run.report is not None else current_report(environment)
+    return run.figures.report if run.live.ended and run.figures.report is not None else current_report(environment)
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:

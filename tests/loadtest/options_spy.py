@@ -15,4 +15,4 @@ def _record(environment, **_):
     if out:
         with open(out, "a") as file:
             file.write(json.dumps({"options": vars(environment.parsed_options), "host": environment.host,
-                                   "headers": run.config.target.headers if run else None}, default=str) + "\n")
+                                   "headers": run.prepared.config.target.headers if run else None}, default=str) + "\n")
