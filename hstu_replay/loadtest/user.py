@@ -115,24 +115,25 @@ class HstuUser(User):
 
     def _send_step(self, step: PlannedStep, position: StagePosition, intended: float | None) -> Sent:
         """The step's priming request where the target needs one (sent before the intended time: not
-        charged), then its request at the intended time; what was filed for the request is returned."""
+        charged), then its request at the intended time. Returned: the request as filed, or the failed
+        prime that kept it from being sent (its outcome, a refusal among them, settles the step)."""
         kind = "warmup" if position.warming_up else "measure"
         if step.prime is not None and self.caches:
             primed = self._send("warmup" if position.warming_up else "prime", step, step.prime, position, prime=True)
             if not primed.outcome.ok:
-                return self._file_unsent(kind, step, position, primed.server)
+                self._file_unsent(kind, step, position, primed.server)
+                return primed
         if intended is not None:
             gevent.sleep(min(max(intended - time.monotonic(), 0.0), self.active.prepared.schedule.duration_s))
         return self._send(kind, step, step.request, position, intended)
 
-    def _file_unsent(self, kind: str, step: PlannedStep, position: StagePosition, server: int) -> Sent:
+    def _file_unsent(self, kind: str, step: PlannedStep, position: StagePosition, server: int) -> None:
         """Without its prime the request cannot be what the stage measures: it fails with it, where the
         prime failed (routing it would take a balancer's turn for a request never sent)."""
         request = step.request
-        sent = Sent(kind, position.stage.key, request, step.expected_hits, (0,) * request.batch_size,
-                    Outcome(0.0, error="not sent: its priming request failed"), step.label, self.index, server=server)
-        self.accountant.file(sent)
-        return sent
+        self.accountant.file(Sent(kind, position.stage.key, request, step.expected_hits, (0,) * request.batch_size,
+                                  Outcome(0.0, error="not sent: its priming request failed"), step.label, self.index,
+                                  server=server))
 
     def _settle(self, step: PlannedStep, outcome: Outcome) -> None:
         """The step's keys retired where the source is done with them; while the server refuses
