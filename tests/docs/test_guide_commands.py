@@ -58,6 +58,7 @@ class Run:
     why: str = ""  # the reason for the edits, where there are any
     edits: tuple[tuple[str, str], ...] = ()  # (guide text, what runs instead)
     server: bool = False  # it talks to a server it does not start (the reader's own: here the reference server)
+    own_ports: bool = False  # it serves on `server serve`'s own ports itself (the shared server steps aside)
     seeds: tuple[str, ...] = ("model_repository", "store", "dumps")  # the quick start's runs/ it builds on
 
 
@@ -77,13 +78,13 @@ PLAN: dict[tuple[str, str], Run | Skip] = {
     ("README.md", "bash scripts/demo.sh"): Run(
         "the demo alone (the second command is this suite); its outputs in the workspace, not the checkout",
         edits=(("bash scripts/demo.sh", f"OUT=$PWD/runs/demo REPO=$PWD/runs/demo-repository bash {ROOT}/scripts/demo.sh"),
-               ("bash scripts/test.sh", "true")), seeds=()),
+               ("bash scripts/test.sh", "true")), seeds=(), own_ports=True),
     ("README.md", "git clone <this repository>"): Skip(
         "installs into the reader's own clone and venv; tests/test_wheel.py installs this tree into a fresh venv "
         "and runs a sweep from it"),
     ("README.md", "pip wheel --no-deps"): Skip(
         "tests/test_wheel.py builds this wheel (pip wheel --no-deps) and installs it into a fresh venv"),
-    ("README.md", QUICK_START): Run(seeds=()),
+    ("README.md", QUICK_START): Run(seeds=(), own_ports=True),
     ("README.md", "locust -f locustfiles/hstu.py --headless -u 4 -r 4 --host grpc://triton-host:8001"): Run(server=True),
     ("docs/guides/capacity.md", "hstu-replay capacity run"): Run(
         "two user steps of the guide's five", edits=SHORT_CAPACITY, server=True),
@@ -113,7 +114,9 @@ PLAN: dict[tuple[str, str], Run | Skip] = {
         "the same command is started (and awaited serving) by the run of the gateway block above"),
     ("docs/guides/fleet.md", "hstu-replay fleet gateway-config"): Run(),
     ("docs/guides/load-test.md", "locust -f locustfiles/hstu.py "): Run(server=True),
-    ("docs/guides/natural-replay.md", "hstu-replay plan cache-curve"): Run(server=True),
+    ("docs/guides/natural-replay.md", "hstu-replay plan cache-curve"): Run(
+        "the log's own pace (--time-scale 144) would send next to nothing in a shortened stage: back to back instead",
+        edits=(("--time-scale 144", "--time-scale 0"),), server=True),
     ("docs/guides/nvidia-flows.md", "hstu-replay flow l0"): Run(),
     ("docs/guides/nvidia-flows.md", "hstu-replay protocol run"): Run(server=True),
     ("docs/guides/nvidia-flows.md", "hstu-replay cpp-replay build"): Run(),
@@ -123,7 +126,8 @@ PLAN: dict[tuple[str, str], Run | Skip] = {
         "needs the reader's certificate and secret (and `...` for their other options); tests/loadtest/test_tls.py "
         "runs these servers and runs with a test certificate"),
     ("docs/guides/reference-server.md", "hstu-replay server export --repository runs/model_repository --config small"):
-        Run("the compiled model comes from the quick start", edits=(("hstu-replay server export", "true"),)),
+        Run("the compiled model comes from the quick start", edits=(("hstu-replay server export", "true"),),
+            own_ports=True),
     ("docs/guides/reference-server.md", "hstu-replay server serve --engine batched --config kuairand-1k"): Skip(
         "needs a CUDA GPU"),
     ("docs/guides/reference-server.md", "hstu-replay server serve --engine batched --frontend python-backend"): Skip(
@@ -242,7 +246,9 @@ class Workspaces:
                 shutil.copytree(self.quick_start / "runs" / seed, target)
         return folder
 
-    def serve(self, wanted: bool) -> None:
+    def serve(self, run: Run) -> None:
+        """The shared server up where `run` needs it, stopped (its ports free) where the block takes them."""
+        wanted = run.server and not run.own_ports
         if wanted and self.server is None:
             from hstu_replay.process import Ports
 
@@ -250,16 +256,17 @@ class Workspaces:
                                               self.root / "server.log", Ports(8000, 8001, 8002, 8003))
             self.server.start()
             self.server.wait_ready()
-        elif not wanted and self.server is not None:
-            self.server.stop()
+        elif run.own_ports and self.server is not None:
+            teardown = self.server.stop()
             self.server = None
+            assert teardown.clean, f"the shared server left {teardown.left}"
 
 
 @pytest.fixture(scope="module")
 def workspaces(tmp_path_factory):
     spaces = Workspaces(tmp_path_factory.mktemp("guides"))
     yield spaces
-    spaces.serve(False)
+    spaces.serve(Run(own_ports=True))
 
 
 def runnable() -> list[Block]:
@@ -276,7 +283,7 @@ def test_the_guide_command_runs(block, workspaces):
     if block.page != "README.md" or not block.first.startswith(QUICK_START):
         assert (workspaces.quick_start / "runs" / "model_repository").exists(), "the quick start did not run"
     folder = workspaces.of(block, run)
-    workspaces.serve(run.server)
+    workspaces.serve(run)
     (folder / "block.sh").write_text(script(block, run))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}

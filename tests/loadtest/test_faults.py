@@ -94,6 +94,8 @@ def test_a_slow_server_counts_timeouts_without_pile_up(compiled_repository, refe
     assert b["failures"] > 0
     assert any("deadline" in reason.lower() for reason in result.report["errors"]), result.report["errors"]
     assert result.returncode == 1 and "no request was measured" in result.stderr  # every request timed out
+    # the dump's check before the load timed out too: said in one line, the load went on and counted it
+    assert "the dump's answers could not be checked before the load (" in result.stderr, result.stderr[-2000:]
     from hstu_replay.loadtest.records import read_records
 
     records = read_records(tmp_path / "report")
