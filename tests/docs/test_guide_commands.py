@@ -76,8 +76,9 @@ CPU_THRESHOLDS = (("--max-p99-ms 0:300,1.0:120 --min-speedup 1.0:1.5", "--max-p9
 #: (page, the start of the block's first line) -> how the block runs
 PLAN: dict[tuple[str, str], Run | Skip] = {
     ("README.md", "bash scripts/demo.sh"): Run(
-        "the demo alone (the second command is this suite); its outputs in the workspace, not the checkout",
-        edits=(("bash scripts/demo.sh", f"OUT=$PWD/runs/demo REPO=$PWD/runs/demo-repository bash {ROOT}/scripts/demo.sh"),
+        "the demo alone (the second command is this suite); its outputs in the workspace, not the checkout, "
+        "and the quick start's compiled model",
+        edits=(("bash scripts/demo.sh", f"OUT=$PWD/runs/demo REPO=$PWD/runs/model_repository bash {ROOT}/scripts/demo.sh"),
                ("bash scripts/test.sh", "true")), seeds=(), own_ports=True),
     ("README.md", "git clone <this repository>"): Skip(
         "installs into the reader's own clone and venv; tests/test_wheel.py installs this tree into a fresh venv "
@@ -98,8 +99,8 @@ PLAN: dict[tuple[str, str], Run | Skip] = {
         "the master waits for its workers, so it is started first, in the background; the worker line runs "
         "twice, as the guide says",
         edits=(("--report-dir runs/dist", "--report-dir runs/dist &"),
-               ("--master-host 127.0.0.1", "--master-host 127.0.0.1 & locust -f locustfiles/hstu.py --worker "
-                                           "--master-host 127.0.0.1 & wait %1")),
+               ("--master-host MASTER_HOST", "--master-host MASTER_HOST & locust -f locustfiles/hstu.py --worker "
+                                             "--master-host MASTER_HOST & wait %1")),
         server=True),
     ("docs/guides/fleet.md", "locust -f locustfiles/hstu.py --headless -u 8 -r 8 \\"): Skip(
         "three servers at the reader's own addresses (10.0.0.x); the same options run against a local fleet "
@@ -117,7 +118,10 @@ PLAN: dict[tuple[str, str], Run | Skip] = {
     ("docs/guides/natural-replay.md", "hstu-replay plan cache-curve"): Run(
         "the log's own pace (--time-scale 144) would send next to nothing in a shortened stage: back to back instead",
         edits=(("--time-scale 144", "--time-scale 0"),), server=True),
-    ("docs/guides/nvidia-flows.md", "hstu-replay flow l0"): Run(),
+    ("docs/guides/nvidia-flows.md", "hstu-replay flow l0"): Run(
+        "the compiled model comes from the quick start (the flow's export, compiling, runs in tests/flow/test_l0.py)",
+        edits=(("hstu-replay flow l0 --out runs/l0", "hstu-replay flow l0 --export-from runs/model_repository "
+                                                      "--out runs/l0"),)),
     ("docs/guides/nvidia-flows.md", "hstu-replay protocol run"): Run(server=True),
     ("docs/guides/nvidia-flows.md", "hstu-replay cpp-replay build"): Run(),
     ("docs/guides/own-triton.md", "locust -f locustfiles/hstu.py --headless -u 4 -r 4 --host grpc://triton-host"): Run(
@@ -226,8 +230,9 @@ class Workspaces:
     """One folder per page, seeded from the quick start's; the reference server on its default
     ports while a block needs one it does not start."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, compiled: Path):
         self.root = root
+        self.compiled = compiled  # the suite's compiled small model (tests/conftest.py)
         self.server: ServerProcess | None = None
 
     @property
@@ -240,6 +245,8 @@ class Workspaces:
             (folder / "runs").mkdir(parents=True)
             for name in ("locustfiles", "bench", "cpp"):
                 (folder / name).symlink_to(ROOT / name)
+            if folder == self.quick_start:  # `server export` then finds it current (compiling is tested apart)
+                shutil.copytree(self.compiled, folder / "runs" / "model_repository")
         for seed in run.seeds:
             target = folder / "runs" / seed
             if not target.exists():
@@ -263,8 +270,8 @@ class Workspaces:
 
 
 @pytest.fixture(scope="module")
-def workspaces(tmp_path_factory):
-    spaces = Workspaces(tmp_path_factory.mktemp("guides"))
+def workspaces(tmp_path_factory, compiled_repository):
+    spaces = Workspaces(tmp_path_factory.mktemp("guides"), compiled_repository)
     yield spaces
     spaces.serve(Run(own_ports=True))
 
