@@ -9,6 +9,9 @@ What a run changes, and nothing else:
 - placeholders of the reader's own hosts (`triton-host:8001`, `triton:8001`, `MASTER_HOST`) name
   the reference server on this machine, serving the quick start's model on `server serve`'s own
   ports (127.0.0.1:8001, HTTP 8000, metrics 8002 and 8003);
+- the quick start's workspace starts with the suite's compiled small model (its `server export` then
+  finds it current; compiling is tested apart), and the other pages' workspaces with the quick
+  start's model, store and dumps;
 - optional parts written `[--flag value]` are left out;
 - a server the guide leaves running in a terminal (`hstu-replay server serve` or `fleet serve`
   without `&`) is started in the background and awaited; everything a block started is stopped
